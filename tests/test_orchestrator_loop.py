@@ -893,11 +893,12 @@ def test_ctl_commands_mid_run(tmp_path, capsys):
     assert [(d["step"], d["rule"], d["action"], d["mode"]) for d in ds] == [
         (3, "manual", "pause_rule", "manual"),
         (5, "manual", "scale_lr", "manual"),
-        (9, "manual", "set_total_steps", "manual"),
-        (10, "manual", "set_rl_temperature", "manual"),
+        (9, "manual", "none", "manual"),  # refused when applied: the refusal alone (people.py)
+        (10, "manual", "none", "manual"),
     ]
     failure = "set_total_steps: 4 would end pretraining before the current step 9"
-    assert ds[2]["applied"] == [f"failed: {failure}"] and ds[2]["outcome"]["result"] == "failed"
+    assert ds[2]["applied"] == [] and ds[2]["outcome"]["error"] == failure and ds[2]["outcome"]["result"] == "failed"
+    assert [ds[2]["summary"], ds[3]["summary"]] == ["set_total_steps 4 (refused)", "set_rl_temperature 0.5 (refused)"]
     assert ds[0]["applied"] == ["paused rules: nonfinite"]
     assert ds[1]["params"] == {"factor": 0.5} and ds[1]["applied"] == ["lr multiplier 1 -> 0.5"]
     # the NaN at step 7 was not journaled (the rule is paused) ...
@@ -911,7 +912,8 @@ def test_ctl_commands_mid_run(tmp_path, capsys):
     assert failure in texts and "set_rl_temperature: a knob of reinforcement learning" in texts
     err = capsys.readouterr().err
     assert "[orchestrator] step 5 manual: scale_lr 0.5 -> lr x0.5" in err and "rejected control/" in err
-    assert f"[orchestrator] step 9 manual: set_total_steps 4 failed, nothing changed: {failure}" in err
+    assert f"[orchestrator] step 9 manual: set_total_steps 4 refused, nothing changed: {failure}" in err
+    assert "-> run length 4 steps" not in err and "-> RL sampling temperature" not in err  # never made: unsaid
 
 
 def test_ctl_mode_off_stops_watching(tmp_path):

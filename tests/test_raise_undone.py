@@ -3,6 +3,8 @@ optim.lr 1e-3, resumed without the --set (x3 at once), broke its weights; the fi
 same steps at the same LR bit for bit (identical_steps all of them) before a second one cut it. The first
 rollback after a raise undoes it."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from test_goodness_checkpoints import _orchestrator
@@ -75,5 +77,9 @@ def test_a_raise_far_too_high_is_cut_as_an_lr_too_high_is_not_undone_in_full():
 
 def test_a_persons_ctl_scale_lr_above_1_is_a_raise(tmp_path):
     orchestrator, run = _orchestrator(tmp_path, probe=4.8)
+    run.control = SimpleNamespace(request=lambda action, on_done, **p: None)  # queued: not applied yet
+    orchestrator._manual(run, "scale_lr", {"factor": 2.0})
+    assert orchestrator.policy.raised == []  # counted once applied: one the job refuses raised nothing
+    run.control = SimpleNamespace(request=lambda action, on_done, **p: on_done("lr multiplier 1 -> 2"))
     orchestrator._manual(run, "scale_lr", {"factor": 2.0})
     assert orchestrator.policy.raised == [run.step, 2.0, "trimtab ctl scale_lr 2.0"]

@@ -6,6 +6,7 @@ applied again when the run resumes. A part of the Orchestrator (core.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +15,7 @@ from trimtab.config.provenance import by_command
 from trimtab.distributed import broadcast_object, is_main
 from trimtab.errors import TrimtabError
 from trimtab.orchestrator import ctl
-from trimtab.orchestrator.journal import Journal, person_decision
+from trimtab.orchestrator.journal import Decision, Journal, person_decision
 from trimtab.training.actions import ACTIONS, COMMANDS, VERBS
 from trimtab.training.changes import journal_text, show
 from trimtab.training.schedule import KEYS
@@ -48,7 +49,10 @@ class PersonCommands:
             )
             if moot:
                 decision.outcome = {"result": "no effect"}
-            elif change["key"] == "optim.lr" and isinstance(change["old"], (int, float)) and change["old"] > 0:
+            elif change["key"] == PHASE_LR[min(run.phase, 1)] and _positive(change["old"]):
+                # the LR of the phase the run resumes in (finetune.optim.lr counted as none: raised x100 in
+                # the finetune phase, the first rollback kept it and the replay broke again; optim.lr there
+                # changes no LR the run trains at)
                 self.policy.person_raised(run.step, change["new"] / change["old"], f"{summary}: {change['effect']}")
             if change.get("default"):  # no person set it in this session's config: not theirs (changes._mark_origins)
                 decision.mode = "default"
@@ -217,10 +221,59 @@ class PersonCommands:
             self.journal.next_id(), run.step, "manual", evidence, reasoning, action, params, summary
         )
         if action in ACTIONS:  # checked here, so a bad value is answered before anything is journaled
-            run.control.request(action, on_done=lambda line, d=decision: self._applied(d, line, run, name), **params)
-            if action == "scale_lr":  # checked: the instability after a raise is blamed on it (raised.py)
-                self.policy.person_raised(run.step, float(params["factor"]), f"trimtab ctl {summary}")
-        else:
-            self._own_command(action, params, decision)
+            factor = _lr_factor(run, action, params)
+            run.control.request(
+                action, on_done=lambda line, d=decision: self._person_applied(run, d, line, name, factor), **params
+            )
+            on_add, self.journal.on_add = self.journal.on_add, None  # the hooks are told once it is applied
+            try:
+                self.journal.add(decision)
+            finally:
+                self.journal.on_add = on_add
+            return
+        self._own_command(action, params, decision)
         self.journal.add(decision)
         run.say(decision.console_line())
+
+    def _person_applied(self, run: RunView, decision: Decision, line: str, name: str, factor: float | None) -> None:
+        """What Control did with a person's command, said once it is done. One it refused becomes the refusal
+        alone: journaled as the change, then as failed, `ctl rollback 500` at step 21 read in decisions.jsonl
+        and the report's markers as a rollback, and on the console as "-> roll back to 500" first. `factor`:
+        an LR command's multiplier, whose instability after a raise is blamed on it (raised.py)."""
+        if not line.startswith("failed: "):
+            self._applied(decision, line, run, name)
+            if factor is not None:
+                self.policy.person_raised(decision.step, factor, f"trimtab ctl {decision.summary}")
+            said = decision.console_line()
+        else:
+            error, asked = line.removeprefix("failed: "), decision.summary
+            decision.action, decision.params, decision.applied = "none", {}, []
+            decision.summary, decision.reasoning = f"{asked} (refused)", f"{decision.reasoning}; refused: {error}"
+            decision.outcome = {"result": "failed", "error": error, "steps": 0}
+            self.journal.write()
+            if name and is_main():
+                ctl.answer(self.run_dir, name, error)
+            said = f"[orchestrator] step {decision.step} manual: {asked} refused, nothing changed: {error}"
+        if self.journal.on_add is not None:  # the trackers' and /metrics' decision, as journaled now
+            self.journal.on_add(asdict(decision))
+        run.say(said)
+
+
+# the key of each phase's LR, pretraining's (or RL's, DPO's: their one phase) and finetuning's (phase_data.py)
+PHASE_LR = ("optim.lr", "finetune.optim.lr")
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and value > 0
+
+
+def _lr_factor(run: RunView, action: str, params: dict[str, Any]) -> float | None:
+    """The LR multiplier a person's LR command makes (None for any other command): set_lr's from the LR the
+    next step would train at, as Control._set_lr reckons it (a set-lr above it went uncounted as a raise:
+    debug at x7 from step 21 replayed steps 21-25 at that LR before the second rollback cut it)."""
+    if action == "set_lr":
+        now = run.scheduled_lr * run.lr_scale
+        return params["value"] / now if now > 0 else None
+    if action in ("scale_lr", "emergency_lr_reduction"):
+        return float(ACTIONS[action].check(dict(params))["factor"])
+    return None
