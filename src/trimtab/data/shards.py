@@ -98,7 +98,7 @@ def run_job(
                 warnings.append(f"{exc}: skipped")
                 continue
             encoder.flush()
-            if not encoder.stats[n]["documents"] and not encoder.stats[n]["skipped"]:
+            if not any(encoder.stats[n].get(said) for said in ("documents", "skipped", "garbage")):
                 warnings.append(f"{path}: empty, nothing to prepare")
         writer.close()
     except BaseException:
@@ -156,6 +156,28 @@ def _pieces(
 
 
 @dataclass
+class _InPieces:
+    """A long text file's document read in pieces (formats.TEXT_CHUNK_CHARS) so far: where it starts in the
+    shard (_Writer.mark), its characters, those of its pieces judged junk, the first one's verdict, its bytes
+    and tokens."""
+
+    mark: tuple
+    chars: int = 0
+    junk_chars: int = 0
+    why: junk.Verdict | None = None
+    n_bytes: int = 0
+    n_tokens: int = 0
+
+    def add(self, text: str, n_tokens: int, why: junk.Verdict | None) -> None:
+        self.chars += len(text)
+        self.n_bytes += len(text.encode())
+        self.n_tokens += n_tokens
+        if why is not None:
+            self.junk_chars += len(text)
+            self.why = self.why or why
+
+
+@dataclass
 class _Encoder:
     """Documents -> tokens, in batches of ENCODE_CHARS characters through encode_batch."""
 
@@ -178,6 +200,7 @@ class _Encoder:
     chat: bool = False
     _batch: list[tuple[Document, bool, bool, int]] = field(default_factory=list)
     _chars: int = 0
+    _pieces: _InPieces | None = None  # the document read in pieces now (_in_pieces)
 
     def add(self, doc: Document | None, first: bool, last: bool, line: int) -> None:
         stats = self.stats.setdefault(self.file, {"documents": 0, "tokens": 0, "skipped": 0})
@@ -199,14 +222,6 @@ class _Encoder:
         encoded = self.tok.encode_documents([doc for doc, *_ in self._batch])
         packing, verdicts = self._screen(encoded)
         for (doc, first, last, line), pieces, packed, why in zip(self._batch, encoded, packing, verdicts):
-            if not np.isnan(packed):
-                self.stats[self.file]["garbage"] = self.stats[self.file].get("garbage", 0) + 1
-                kind = why.kind if why else PACKING
-                self.kinds[kind] = self.kinds.get(kind, 0) + 1
-                if len(self.garbage) < quality.SHOWN:
-                    self.garbage.append((self.file, line, str(why or "")))
-                if self.drop:
-                    continue
             tokens, mask = [], []
             if first and self.tok.prepends_bos(doc.text):
                 tokens.append(self.tok.bos_id)  # as data/packing.py: each document starts with it once
@@ -217,6 +232,19 @@ class _Encoder:
             if last:
                 tokens.append(self.tok.eos_id)
                 mask.append(doc.segments[-1][1] if doc.segments else True)
+            if not (first and last):  # a piece of a long text file: its document judged at its end (_InPieces)
+                packed, why = self._in_pieces(doc, first, last, len(tokens), why)
+            if not np.isnan(packed):
+                self.stats[self.file]["garbage"] = self.stats[self.file].get("garbage", 0) + 1
+                kind = why.kind if why else PACKING
+                self.kinds[kind] = self.kinds.get(kind, 0) + 1
+                if len(self.garbage) < quality.SHOWN:
+                    self.garbage.append((self.file, line, str(why or "")))
+                if self.drop:
+                    if not first:  # its pieces before this one are written: taken back
+                        self.writer.rewind(self._pieces.mark)
+                        self.stats[self.file]["tokens"] -= self._pieces.n_tokens - len(tokens)
+                    continue
             tokens_mask = np.array(tokens, dtype=np.int64), np.array(mask, dtype=bool)
             self.writer.add(*tokens_mask, last, self.file, line, packed, why)
             stats = self.stats[self.file]
@@ -224,11 +252,26 @@ class _Encoder:
             stats["documents"] += int(last)
         self._batch, self._chars = [], 0
 
+    def _in_pieces(
+        self, doc: Document, first: bool, last: bool, n_tokens: int, why: junk.Verdict | None
+    ) -> tuple[float, junk.Verdict | None]:
+        """(bytes per token, verdict) of a long text file's document, read in pieces of formats.TEXT_CHUNK_CHARS,
+        at its last piece when its pieces judged junk (junk.kinds, as training judges it: a piece of 2 x
+        junk.PIECE_WORDS words in pieces of its own) hold at least half its characters (training's verdict is the
+        mean over its pieces); (NaN, None) else. Judged whole documents only, a 1.2 MB line of word salad, flagged
+        in training, passed here."""
+        if first:
+            self._pieces = _InPieces(self.writer.mark())
+        self._pieces.add(doc.text, n_tokens, why if self.scale is not None else None)
+        if not last or self._pieces.why is None or self._pieces.junk_chars < 0.5 * self._pieces.chars:
+            return math.nan, None
+        return float(quality.packed(self._pieces.n_bytes, self._pieces.n_tokens)), self._pieces.why
+
     def _screen(self, encoded: list[list[list[int]]]) -> tuple[np.ndarray, list[junk.Verdict | None]]:
         """float [batch]: the bytes per token of each whole document (not a piece of a text file)
         the screen flags; NaN for the others."""
         whole = np.array([first and last for _, first, last, _ in self._batch], dtype=bool)
-        if self.scale is None or not whole.any():
+        if self.scale is None:
             return np.full(len(self._batch), np.nan), [None] * len(self._batch)
         n_bytes = np.array([len(doc.text.encode()) for doc, *_ in self._batch])
         # counted as trained, as the in-memory screen counts them: start token, text, end token
@@ -253,8 +296,8 @@ class _Encoder:
         # a sample mostly of repeated text (a toy corpus): kept, said once at the end (prepare.py)
         verdicts, repeated = junk.spare_repeats(texts, verdicts, self.repeated_share)
         self.repeated += repeated
-        flagged |= whole & np.array([verdict is not None for verdict in verdicts])
-        verdicts = [verdict if whole[i] else None for i, verdict in enumerate(verdicts)]
+        flagged |= whole & np.array([verdict is not None for verdict in verdicts], dtype=bool)
+        # a piece's verdict is its document's evidence (_in_pieces), its packing none: NaN
         return np.where(flagged, quality.packed(n_bytes, n_tokens), np.nan), verdicts
 
 
@@ -314,6 +357,24 @@ class _Writer:
             self._where.append((file, line))
             if self._n >= SHARD_TOKENS:
                 self.close()
+
+    def mark(self) -> tuple:
+        """Where the next document starts: what `rewind` puts back (a document read in pieces, dropped whole at its
+        end, its first pieces written)."""
+        if self._fh is None:
+            return ()
+        return self._n, len(self._masked), self._hash.copy(), set(self._files)
+
+    def rewind(self, mark: tuple) -> None:
+        """Tokens written since `mark` taken back: the shard stays open at the document's start (a shard
+        closes only at a document end)."""
+        if not mark:  # the document opened the shard: none of it stays
+            self.discard()
+            return
+        n, masked, hashed, files = mark
+        self._fh.truncate(n * self.dtype.itemsize)
+        self._fh.seek(n * self.dtype.itemsize)
+        self._n, self._masked, self._hash, self._files = n, self._masked[:masked], hashed, files
 
     def close(self) -> None:
         if self._fh is None or not self._ends:
