@@ -23,12 +23,17 @@ import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trimtab.config import RunConfig
+from trimtab.config import DataConfig, RunConfig
 from trimtab.errors import ConfigError
 from trimtab.model.catalog import ModelSize, model_size
+from trimtab.plan.junk_screen import screen
+
+if TYPE_CHECKING:
+    from trimtab.data.sources import Document
 
 FRESH_EPOCHS = 4.0  # Muennighoff et al. 2023: up to here, repeated tokens ~ fresh ones
 MAX_EPOCHS = 16.0  # ... and by here the value of another pass has nearly vanished
@@ -102,16 +107,32 @@ def count_dataset_tokens(cfg: RunConfig, path: str, key: str = "--data") -> tupl
     hold-out is the split's own (whole documents, a large one's tail: data/prepared.py hold_out),
     not a flat data.eval_fraction of the tokens: a corpus of one huge document and small ones
     held out 2% of the tokens by that, ~0.1% by the split. `key`: how errors name the path
-    (`trimtab plan --data`), not data.source, which the plan leaves unread."""
-    from trimtab.data import TextTokenizer, read_documents
+    (`trimtab plan --data`), not data.source, which the plan leaves unread. Raw text is screened for junk as
+    training screens it (junk_screen.py, on a sample): its flagged share counted out where training leaves it out."""
+    from trimtab.data import read_documents
     from trimtab.data.prepared import read_manifest
-    from trimtab.data.tokenizer import configured_tokenizer
 
     data = dataclasses.replace(cfg.data, source=path, mix=[])
     fraction = 0.0 if data.eval_source else data.eval_fraction
     if read_manifest(Path(path)) is not None:  # prepared: its index holds each document's tokens
         return _prepared_train_tokens(path, fraction, key, data.garbage_filter)
     docs, _ = read_documents(data, key=key)
+    train, source = _raw_train_tokens(cfg, data, docs)
+    found = screen(cfg, [d.text for d in docs], [d.source or f"document {i}" for i, d in enumerate(docs)], path, key)
+    if found is None:
+        return train, source
+    junk = f"~{found.share:.1%} of it judged junk ({found.kinds}; named above)"
+    if found.left_out:  # training leaves the flagged documents' tokens out (run_length.left_out_tokens)
+        return round(train * (1 - found.share)), f"{source}, less {junk}: training leaves it out"
+    return train, f"{source}; {junk}: trained on (data.garbage_filter={cfg.data.garbage_filter})"
+
+
+def _raw_train_tokens(cfg: RunConfig, data: DataConfig, docs: list[Document]) -> tuple[int, str]:
+    """count_dataset_tokens of documents read from raw text: counted with the run's tokenizer, else estimated."""
+    from trimtab.data import TextTokenizer
+    from trimtab.data.tokenizer import configured_tokenizer
+
+    fraction = 0.0 if data.eval_source else data.eval_fraction
     capped = f" (capped by data.max_bytes={data.max_bytes:,}; 0 reads everything)" if data.max_bytes else ""
     tok_path = Path(cfg.data.tokenizer) if cfg.data.tokenizer else cfg.run_dir / "tokenizer.json"
     tok = configured_tokenizer(cfg.data)  # as training reads data.tokenizer: a file, or a directory holding one
