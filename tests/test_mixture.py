@@ -89,7 +89,7 @@ def test_a_mixtures_epoch_counts_the_tokens_trained_on_when_rows_are_left_out(to
         assert loader.epoch == 0
         loader.next_batch()
     assert sum(loader.drawn) < rows.n_tokens and loader.epoch == 1  # before: 0
-    built = SimpleNamespace(train=rows, names=["a", "b"], weights=[0.75, 0.25])
+    built = SimpleNamespace(train=rows, names=["a", "b"], weights=[0.75, 0.25], indices=[0, 1])
     tokens = [t for _, _, _, t in mixed_sources(built, "data", left_out_tokens(rows, frozenset(left)))]
     assert tokens == [a.n_tokens - sum(a.length(r) for r in left[:-1]), b.n_tokens - b.length(0)]
 

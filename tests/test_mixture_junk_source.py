@@ -30,7 +30,7 @@ def test_a_source_flagged_whole_is_said_so_and_counted_as_trained(tokenizer, cap
     junk = list(range(len(a), len(a) + len(b)))  # every row of b flagged
     with pytest.raises(DataError, match="no training data in b"):  # what the orchestrator's skip_data meets
         BatchLoader(rows, 160, 160, seed=3, pad_id=0, weights=[7, 3], names=["a", "b"]).skip_rows(junk)
-    built = SimpleNamespace(train=rows, names=["a", "b"], weights=[0.7, 0.3])
+    built = SimpleNamespace(train=rows, names=["a", "b"], weights=[0.7, 0.3], indices=[0, 1])
     with caplog.at_level(logging.WARNING, logger="trimtab.training.run_length"):
         left = kept_whole(built, "data", left_out_tokens(rows, frozenset([0, *junk])))
     assert left == [a.length(0), 0]

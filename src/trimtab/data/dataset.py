@@ -41,6 +41,9 @@ class PhaseData:
     weights: list[float]  # normalised to sum to 1
     names: list[str]
     skipped_records: int
+    # each kept source's index in the section's config (data.mix[i]): a mixture's junk sources left out before
+    # one shift its place among the kept, which named the wrong entry in messages (run_length.kept_whole)
+    indices: list[int]
 
 
 def open_sources(cfg: DataConfig, section: str, chat: ChatFormat | None) -> list[OpenedSource]:
@@ -120,6 +123,7 @@ def build_phase_data(
         weights=[weights[i] / total for i in kept],
         names=[cfg.names[i] for i in kept],  # sources: open_sources(cfg), one per cfg.sources
         skipped_records=sum(s.skipped_records for s in sources),
+        indices=kept,
     )
 
 

@@ -22,27 +22,26 @@ log = logging.getLogger(__name__)
 
 
 def mixed_sources(built: PhaseData, section: str, left: list[int] | None = None) -> list[tuple[str, str, float, int]]:
-    """A mixture's sources as (config key, name, weight, training tokens trained on: less `left`, each
-    source's tokens left out, left_out_tokens); none for one source."""
+    """A mixture's sources as (config key, by its index in the config: PhaseData.indices; name, weight, training
+    tokens trained on: less `left`, each source's tokens left out, left_out_tokens); none for one source."""
     if not isinstance(built.train, ConcatRows):
         return []
-    parts = zip(built.names, built.weights, built.train.parts, left or [0] * len(built.names))
-    return [
-        (f"{section}.mix[{i}]", name, weight, rows.n_tokens - out) for i, (name, weight, rows, out) in enumerate(parts)
-    ]
+    parts = zip(built.indices, built.names, built.weights, built.train.parts, left or [0] * len(built.names))
+    return [(f"{section}.mix[{i}]", name, weight, rows.n_tokens - out) for i, name, weight, rows, out in parts]
 
 
 def kept_whole(built: PhaseData, section: str, left: list[int]) -> list[int]:
     """`left` (left_out_tokens) less a mixture's sources it would leave out whole: every training row
     of such a source is flagged junk, yet the loader keeps a row of each source (BatchLoader.skip_rows
     refuses, and the orchestrator's skip_data fails), so the source trains at its full weight, junk and
-    all. Counted out, it read as 0 tokens repeated 2457.6 times (builtin 0.7 with 0.3 of random letters)."""
+    all. Counted out, it read as 0 tokens repeated 2457.6 times (builtin 0.7 with 0.3 of random letters). A source is
+    named by its index in the config (PhaseData.indices), not its place among the sources kept."""
     if not isinstance(built.train, ConcatRows):
         return left
     kept = list(left)
-    for i, (name, weight, rows) in enumerate(zip(built.names, built.weights, built.train.parts)):
-        if rows.n_tokens and left[i] >= rows.n_tokens:
-            kept[i] = 0
+    for k, (i, name, weight, rows) in enumerate(zip(built.indices, built.names, built.weights, built.train.parts)):
+        if rows.n_tokens and left[k] >= rows.n_tokens:
+            kept[k] = 0
             log.warning(
                 "%s.mix[%d] ('%s'): every one of its %d training rows is flagged as junk, and a mixture source "
                 "cannot be left out whole (the orchestrator leaves out a source's flagged rows only while it keeps "
