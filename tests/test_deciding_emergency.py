@@ -6,6 +6,7 @@ import math
 from types import SimpleNamespace
 
 from test_orchestrator_incidents import Run, nonfinite
+from test_orchestrator_units import finding
 from trimtab.config import load_config
 from trimtab.orchestrator.core import Orchestrator
 from trimtab.orchestrator.monitors import Finding
@@ -64,6 +65,33 @@ def test_a_transient_faults_exclusion_waits_for_the_reads_rollback(monkeypatch, 
     assert excluded.action == "exclude_node" and excluded.outcome["result"] == "cut short"
 
 
+def test_a_transient_faults_exclusion_held_by_a_rollback_is_requested_once_the_rollback_applies(monkeypatch, tmp_path):
+    """Rank 3 a suspect device at step 12, the step's weights NaN: the exclusion waited for the rollback and was
+    never requested after it (only a recurring fault came back: a transient one does not recur on the replay).
+    Now it is decided again at the step the rollback restored, and the held decision says so."""
+    orchestrator, run = _two_nodes(monkeypatch, tmp_path, rerun={"exclude": True, "suspect_after": 1})
+    verdict = {"verdict": "transient", "loss": [2.0, 2.1], "grad_norm": [1.0, 1.0], "ranks": [3]}
+    orchestrator.on_step_end(run, SimpleNamespace(step=12, rerun=verdict))
+    orchestrator.last_step, run.step = 12, 10
+    orchestrator.on_rollback(run, {})  # the loop applied the rollback (Control.apply goes on to what follows)
+    assert [action for action, _ in run.requests] == ["rollback", "exclude_node"]
+    rollback, held, again = orchestrator.journal.decisions
+    assert "decided again once it is applied" in held.applied[0]
+    assert (again.step, again.action, again.params, again.evidence["found_at"]) == (10, "exclude_node", {"node": 1}, 12)
+    assert orchestrator.held == []
+
+
+def test_a_failed_rollback_lets_the_exclusion_it_held_go_ahead(monkeypatch, tmp_path):
+    orchestrator, run = _two_nodes(monkeypatch, tmp_path, rerun={"exclude": True, "suspect_after": 1})
+    done = {}
+    run.control = SimpleNamespace(request=lambda action, on_done=None, **p: done.setdefault(action, on_done))
+    verdict = {"verdict": "transient", "loss": [2.0, 2.1], "grad_norm": [1.0, 1.0], "ranks": [3]}
+    orchestrator.on_step_end(run, SimpleNamespace(step=12, rerun=verdict))
+    run.step = 12  # the run goes on from the state it left
+    done["rollback"]("failed: no checkpoint to roll back to")
+    assert list(done) == ["rollback", "exclude_node"] and orchestrator.emergency is None
+
+
 def test_the_replicas_rollback_goes_first_and_the_reads_waits(monkeypatch, tmp_path):
     """Replicas that disagree at step 12 (agreed at 10) and NaN weights read at 12: both rollbacks were
     requested, the replicas' to step 10 and then the ladder's to last_good, which restored a checkpoint
@@ -94,3 +122,26 @@ def test_a_read_of_several_steps_holds_the_later_steps_changes_until_the_rollbac
     orchestrator.last_step, run.step = 20, 10
     orchestrator.on_rollback(run, {})  # applied: the replay's changes go ahead
     assert orchestrator.decide(run, interval).outcome is None and run.requests[-1][0] == "set_checkpoint_every"
+
+
+def test_a_ladder_climb_held_by_the_replicas_rollback_climbs_again_when_the_replay_meets_it(monkeypatch, tmp_path):
+    """Spikes at steps 5 and 8 skipped, a third at step 12 earns an LR cut, and the replicas disagree at 12 (agreed
+    at 10): their rollback holds the cut. Not kept for after the rollback (the replay from step 10 meets step 12
+    again, or not if the corruption caused it), but planning the cut had spent the ladder's count: the replay's
+    spike at 12 was a skip. The ladder goes back to its count, and the replay's spike earns the cut."""
+    orchestrator, run = _two_nodes(monkeypatch, tmp_path, replicas={"every": 4})
+    run.probe = None  # no held-out probe: the ladder climbs on its count alone
+    for step in (5, 8):
+        orchestrator.decide(run, finding(step))
+    orchestrator._read = lambda run, commands=True: orchestrator.decide(run, finding(orchestrator.last_step))
+    odd = {"ranks": [1], "checksums": ["a", "b"], "agreed_step": 10, "every": 4}
+    found = Finding(rule="replicas", family="replicas", step=12, evidence=odd, summary="rank 1 differs", strength=1.0)
+    orchestrator.replicas.observe = lambda step, checksum: found
+    orchestrator.on_step_end(run, SimpleNamespace(step=12, rerun=None))
+    orchestrator.last_step, run.step = 12, 10
+    orchestrator.on_rollback(run, {})  # the replicas' rollback applied
+    orchestrator.replicas.observe = lambda step, checksum: None
+    orchestrator.on_step_end(run, SimpleNamespace(step=12, rerun=None))  # the replay's step 12 spikes again
+    held, replayed = orchestrator.journal.decisions[-2:]
+    assert (held.action, held.outcome["result"]) == ("scale_lr", "cut short")
+    assert (replayed.step, replayed.action, replayed.outcome) == (12, "scale_lr", None)

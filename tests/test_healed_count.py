@@ -132,3 +132,27 @@ def test_a_ladders_rollbacks_count_as_the_incidents_it_counted():
     assert len(incidents(two)) == 2 and healed(two) == 2
     again = [*two, rollback(30, 2, "not recovered", rule="nonfinite")]  # the open incident: the latest
     assert [[d["step"] for d in i] for i in incidents(again)] == [[12], [22, 30]] and healed(again) == 1
+
+
+def test_the_ladders_incident_numbers_group_its_decisions_exactly():
+    """One ladder incident (grad spikes skipped, an LR cut, rollback 1 at 15, the replay's spikes at 22 and 30
+    skipped while the incident stayed open: ladder.py _clear, rollback 2 at 33) read as two, "faults healed 2":
+    the skip at 30 came 5 settled steps after a recovered one, and the second rollback joined it. The ladder's
+    number on every decision (evidence `incident`) groups them as it counted them, and splits two incidents a
+    skip alone opened the second of (the ladder closed the first: no rollback followed to say so)."""
+
+    def ladder(step: int, action: str, number: int, result: str = "recovered", **evidence) -> dict:
+        return decision(step, "grad", action, result, family="instability", evidence={"incident": number, **evidence})
+
+    one = [
+        ladder(10, "skip_step", 1),
+        ladder(11, "skip_step", 1),
+        ladder(12, "scale_lr", 1, "not recovered"),
+        ladder(15, "rollback", 1, incident_rollback=1),
+        ladder(22, "skip_step", 1),
+        ladder(30, "skip_step", 1),
+        ladder(33, "rollback", 1, incident_rollback=2),
+    ]
+    assert len(incidents(one)) == 1 and healed(one) == 1
+    two = [ladder(15, "rollback", 1, "not recovered", incident_rollback=1), ladder(40, "skip_step", 2)]
+    assert len(incidents(two)) == 2 and healed(two) == 1

@@ -275,7 +275,8 @@ def advice_line(d: dict[str, Any]) -> str:
 def incidents(decisions: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """The kept decisions that answer a fault, grouped by incident, in journal order: one family's
     (bad data's spikes and rows together) within INCIDENT_STEPS steps of the incident's span (a
-    rollback's replay goes back in steps and stays in it), unless the incident was over before (_over).
+    rollback's replay goes back in steps and stays in it) or of the ladder's incident number (evidence
+    `incident`, orchestrator/deciding.py) however far, unless the incident was over before (_over).
     Notes, NOT_FAULTS, PEOPLES' decisions and a restart that was no failure (_resized) answer none."""
     found: list[tuple[str, list[int], list[dict[str, Any]]]] = []  # family, [first, last step], decisions
     for d in decisions:
@@ -285,10 +286,13 @@ def incidents(decisions: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
         # layer at once (debug-moe, expert_collapse@10: layers 1 and 3 answered at steps 20 and 21, "faults healed 2")
         family = str(d.get("family") or d.get("rule")).split("/")[0]
         family, step = SAME_INCIDENT.get(family, family), int(d.get("step", 0))
+        number = _ladder_incident(d)
         near = (  # the latest first: a ladder rollback belongs to the incident it counted on (_over)
             i
             for i in reversed(found)
-            if i[0] == family and i[1][0] - INCIDENT_STEPS <= step <= i[1][1] + INCIDENT_STEPS and not _over(i[2], d)
+            if i[0] == family
+            and (i[1][0] - INCIDENT_STEPS <= step <= i[1][1] + INCIDENT_STEPS or number in _numbers(i[2]))
+            and not _over(i[2], d)
         )
         if (incident := next(near, None)) is None:
             found.append((family, [step, step], [d]))
@@ -313,7 +317,17 @@ def _over(incident: list[dict[str, Any]], d: dict[str, Any]) -> bool:
     faults, 2 of them healed, read "faults healed 1". Bad data is the exception: its rows recur (the
     next epoch, the next of a bad stretch) as spikes and rows left out, one fault however long. A ladder
     rollback after another in the incident is the ladder's count: its second of an open incident stays in
-    it, its first again (the ladder closed the last one) starts another."""
+    it, its first again (the ladder closed the last one) starts another. Where the ladder numbered its
+    incidents (evidence `incident`), another number is another incident (the ladder closed it, or its window
+    passed: a skip after the close joined the closed incident while no rollback followed to say so), and one
+    of its numbers with a rollback counted is one incident until the ladder closes it; before its first
+    rollback the ladder has no word on it (a NaN weights' rollback after gradient spikes skipped, within its
+    window) and the outcomes above say."""
+    if (number := _ladder_incident(d)) is not None and (numbers := _numbers(incident)):
+        if number not in numbers:
+            return True
+        if any(_ladder_count(e) for e in incident if _ladder_incident(e) == number):
+            return False
     counted = _ladder_count(d)
     if counted is not None and any(_ladder_count(e) for e in incident):  # the ladder's own word (ladder.py)
         return counted == 1
@@ -337,6 +351,18 @@ def _ladder_count(d: dict[str, Any]) -> int | None:
     ladder closed the last one, ladder.py _clear); None for a decision it did not count."""
     n = (d.get("evidence") or {}).get("incident_rollback")
     return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+def _ladder_incident(d: dict[str, Any]) -> int | None:
+    """The number of the ladder's incident decision d answers (evidence `incident`); None: not a ladder decision,
+    or a journal from before the ladder numbered them (_over then reads its rollbacks' counts)."""
+    n = (d.get("evidence") or {}).get("incident")
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+def _numbers(incident: list[dict[str, Any]]) -> set[int]:
+    """The ladder's incident numbers among an incident's decisions."""
+    return {n for e in incident if (n := _ladder_incident(e)) is not None}
 
 
 def healed(decisions: list[dict[str, Any]]) -> int:

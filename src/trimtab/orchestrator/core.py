@@ -31,7 +31,7 @@ from trimtab.orchestrator.make_up import MakeUp
 from trimtab.orchestrator.mod_health import MoDQuality
 from trimtab.orchestrator.moe_health import MoEHealth
 from trimtab.orchestrator.monitors import Finding, Rolling, StepMetrics
-from trimtab.orchestrator.outcomes import Outcomes
+from trimtab.orchestrator.outcomes import Outcomes, _continued
 from trimtab.orchestrator.outliers import OutlierRows, all_gated, gate_finding, left_out_once, merged_into
 from trimtab.orchestrator.people import PersonCommands
 from trimtab.orchestrator.policy import Policy
@@ -88,6 +88,8 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
         self.outcomes = Outcomes(self.journal, cfg)  # what followed each decision, judged
         self.rolling_back: int | None = None  # the decision whose rollback was requested, until applied
         self.emergency: Decision | None = None  # an instability rollback or stop requested (deciding.py)
+        self.held: list[tuple[RunView, Finding]] = []  # findings that emergency's rollback holds (deciding.py)
+        self.incident = [0, 0, -1]  # the ladder's incident: number, its last decision's step, closed_at (deciding.py)
         self.stood_at = -1  # the last step with an instability finding whose update was applied (healthy)
         self.recent_losses = Rolling(20)  # healthy losses: the "before" of an outcome
         self.read_every = cfg.read_every
@@ -228,8 +230,8 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
             if completed and decision.action == "resume" and decision.outcome["result"] == "too early":
                 # a restart heals by the job coming back and training on, not by a loss: its session ending
                 # the run completed is its recovery (an emergency save at step 19 of 20 left it 1 step, and
-                # `trimtab runs` counted no fault healed)
-                decision.outcome["result"] = "recovered"
+                # `trimtab runs` counted no fault healed); on fewer ranks "continued", as judged (outcomes.py)
+                decision.outcome |= {"result": "recovered"} | _continued(decision, "recovered")
         self._weights_kept(summary.get("weights_kept"))
         self.journal.write()
         notes = sum(is_note({"action": d.action}) for d in self.journal.decisions)  # observations: no action taken
@@ -300,11 +302,13 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
         self.policy.shift(self.last_step - run.step)
         self.policy.updated_at = min(self.policy.updated_at, run.step)  # the restored weights' last update
         self.stood_at -= (self.last_step - run.step) if self.stood_at >= 0 else 0  # as the ladder's steps
+        self.incident[1] -= self.last_step - run.step  # its quiet window counts the steps trained, as the ladder's
         if self.make_up is not None:
             self.make_up.rolled_back(run.step)
         if saved_state:
             self._load_monitors(saved_state, rollback=True)
             self.phase = saved_state.get("phase", self.phase)
+        self.decide_held()  # requested now, the loop applies them after the rollback (Control.apply)
 
     # ------------------------------------------------------------------ reading and deciding
 
@@ -389,7 +393,8 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
         for f in unstable[:1] + [f for f in findings if f.family != "instability"]:  # one rung per step
             # the gate's last: rows another decision of the step leaves out are noted there, not left out twice
             if f.rule != "row_gate" or (f := left_out_once(f, self.journal)) is not None:
-                self._decide(run, f, self.policy.plan(f, run), withheld=m.skipped)
+                ladder = self.ladder_now()  # put back if an emergency holds f (deciding.py)
+                self._decide(run, f, self.policy.plan(f, run), withheld=m.skipped, ladder=ladder)
         emergency = self.emergency is not None  # requested, not applied yet: the steps it undoes (emergency_at)
         if self.make_up is not None and self.mode == "auto" and "make_up" not in self.paused and not emergency:
             asked = "" if unstable else m.skip_by  # a person's or a hook's skip, not the gate's as well
@@ -430,6 +435,7 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
             "stood_at": self.stood_at,
             **{name: part.state_dict() if (part := getattr(self, name)) is not None else None for name in PARTS},
             "transient_faults": dict(self.transient_faults),
+            "incident": list(self.incident),
             "lost_commands": self.lost_commands,
             "configured_mode": self.cfg.mode,  # a saved mode other than it is a person's (trimtab ctl mode)
         }
@@ -448,6 +454,7 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
             if (part := getattr(self, name)) is not None and state.get(name):
                 part.load_state_dict(state[name])
         self.transient_faults = dict(state.get("transient_faults", {}))
+        self.incident = list(state.get("incident", self.incident))  # older: numbered from this session on
         self.lost_commands = list(state.get("lost_commands", []))
         self._take_mode(state)
 

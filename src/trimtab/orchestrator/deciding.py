@@ -7,6 +7,8 @@ A part of the Orchestrator (core.py), apart from the hook events that find what 
 
 from __future__ import annotations
 
+import copy
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,10 +16,12 @@ from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.distributed import is_main
 from trimtab.orchestrator import ctl
 from trimtab.orchestrator.journal import Decision, Journal
+from trimtab.orchestrator.ladder import Ladder
 from trimtab.orchestrator.monitors import Finding, Rolling
 from trimtab.orchestrator.outcomes import Outcomes
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.remedies import Remedy, ranks
+from trimtab.rundir import NOT_FAULTS
 
 if TYPE_CHECKING:
     from trimtab.training.view import RunView
@@ -28,6 +32,9 @@ WITH_EMERGENCY = ("none", "skip_step", "stop", *RECORDED)
 # whose rollback or stop is an emergency: the instability rules', and the replicas rule's (its rollback goes back
 # to when the replicas agreed, before the faults the step's read finds: core.py on_step_end decides it first)
 EMERGENCIES = ("instability", "replicas")
+# findings of the device, not of the weights or the data: an emergency rollback's replay does not meet them again
+# (a transient fault's rank keeps its count), so they are decided again once the rollback is applied
+HELD_FOR_REPLAY = ("rerun",)
 
 
 class Deciding:
@@ -44,15 +51,26 @@ class Deciding:
     monitors: dict[str, Any]
     rolling_back: int | None  # the decision whose rollback was requested, until the loop applies it
     emergency: Decision | None  # an instability rollback or stop requested, until applied: its step is its own
+    held: list[tuple[RunView, Finding]]  # HELD_FOR_REPLAY's findings an emergency rollback holds, until applied
+    incident: list[int]  # the ladder's incident: [its number, the step of its last decision, ladder closed_at then]
 
     def decide(self, run: RunView, f: Finding) -> Decision:
         """The policy's decision on finding f (the orchestrator's own, or another hook's such as
         the live planner's run length): journaled, and in auto mode requested through Control."""
-        return self._decide(run, f, self.policy.plan(f, run))
+        ladder = self.ladder_now()
+        return self._decide(run, f, self.policy.plan(f, run), ladder=ladder)
 
-    def _decide(self, run: RunView, f: Finding, remedy: Remedy, withheld: bool = False) -> Decision:
+    def ladder_now(self) -> Ladder | None:
+        """A copy of the ladder while an emergency waits to be applied (None otherwise): a finding it holds is
+        planned, and its count must not stay in the ladder (_wait_for)."""
+        return copy.deepcopy(self.policy.ladder) if self.emergency is not None else None
+
+    def _decide(
+        self, run: RunView, f: Finding, remedy: Remedy, withheld: bool = False, ladder: Ladder | None = None
+    ) -> Decision:
         """Journal a decision and, in auto mode, request its action; `withheld`: the update gate
-        already skipped this step's update (a skip_step decision records what happened). Only an
+        already skipped this step's update (a skip_step decision records what happened); `ladder`: the
+        ladder before f was planned (ladder_now), put back if an emergency holds f. Only an
         applied remedy changes the policy (Remedy.applied) and is judged: advice is journaled with
         the outcome "not applied", and the same advice again is counted on it, not journaled anew."""
         if remedy.action == "none" and (again := self.journal.repeat_of(f.rule, "none", remedy.reasoning)):
@@ -90,12 +108,16 @@ class Deciding:
             summary=f.summary,
             loss_before=self.recent_losses.mean() if len(self.recent_losses) else None,
         )
+        if f.family == "instability" and f.rule not in NOT_FAULTS:
+            decision.evidence["incident"] = self._ladder_incident(f.step)
         dropped = ""
         if (rollback := self._rolled_back_with(decision)) is not None:
             self._drop_with_rollback(decision, rollback)
             dropped = " [dropped: this step's rollback restores the LR before it]"
         elif (emergency := self.emergency_at(decision)) is not None:
-            self._wait_for(decision, emergency)
+            self._wait_for(decision, emergency, (run, f) if f.rule in HELD_FOR_REPLAY else None)
+            if ladder is not None and f.family == "instability":
+                self.policy.ladder = ladder  # judged again on the replay, from the count before it
             dropped = f" [not applied: the {emergency.action} of decision {emergency.id} comes first]"
         else:
             self._carry_out(run, decision, remedy, withheld, gated)
@@ -116,15 +138,45 @@ class Deciding:
             return None
         return None if decision.action in WITH_EMERGENCY else emergency
 
-    def _wait_for(self, decision: Decision, emergency: Decision) -> None:
-        """Not requested: its finding comes back on the replay if it still holds (a stop ends the run)."""
+    def _wait_for(self, decision: Decision, emergency: Decision, held: tuple[RunView, Finding] | None) -> None:
+        """Not requested: its finding comes back on the replay if it still holds (a stop ends the run); `held`,
+        a HELD_FOR_REPLAY finding, is decided again once the rollback is applied (decide_held). Not kept pending
+        for after the rollback either: the rollback restores a step before it (the replicas rule's, when the
+        replicas last agreed), so the replay meets the fault again if it was not the emergency's own, and a
+        finding kept would be counted twice; the ladder goes back to its count before the finding (_decide), so
+        a recurrence climbs as it would have (an LR cut earned at step 12, held by the replicas rollback, came
+        back on the replay as a skip: planning it had spent the ladder's count)."""
         then = "judged again on the replay if it still holds" if emergency.action == "rollback" else "the run stops"
+        if held is not None and emergency.action == "rollback":
+            self.held.append(held)
+            then = "decided again once it is applied: the replay does not meet a device's fault again"
         at = "this step" if emergency.step == decision.step else f"step {emergency.step}"  # a read of several steps
         decision.applied = [
             f"not applied: the {emergency.rule} rule's {emergency.action} decided at {at} (decision "
             f"{emergency.id}) is an emergency, and no other change goes with it ({then})"
         ]
         decision.outcome = {"result": "cut short", "steps": 0, "dropped_by": emergency.id}
+
+    def _ladder_incident(self, step: int) -> int:
+        """The number of the ladder's incident a decision at `step` answers (evidence `incident`: rundir.incidents
+        groups by it, where it saw the ladder close an incident only at the rollback that followed, its
+        incident_rollback 1). A new one once the ladder closed the last (ladder.py _clear: its closed_at moves),
+        or escalation_window steps after it with no rollback of it open (the ladder's window: its climb over)."""
+        number, last, closed = self.incident
+        quiet = self.policy.rollbacks == 0 and step - last >= self.cfg.escalation_window
+        if not number or self.policy.closed_at != closed or quiet:
+            number += 1
+        self.incident = [number, step, self.policy.closed_at]
+        return number
+
+    def decide_held(self) -> None:
+        """The findings an emergency rollback held (HELD_FOR_REPLAY), decided at the step it restored once it is
+        applied or failed: a transient fault's exclude_node waited, and came back only if the fault recurred
+        (tests/test_deciding_emergency.py)."""
+        held, self.held = self.held, []
+        for run, f in held:
+            summary = f"{f.summary} (found at step {f.step}, held by the rollback decided then)"
+            self.decide(run, replace(f, step=run.step, evidence={**f.evidence, "found_at": f.step}, summary=summary))
 
     def _rolled_back_with(self, decision: Decision) -> int | None:
         """The rollback decided at this step that `decision` goes with, if it is the lr rule's
@@ -209,6 +261,7 @@ class Deciding:
                 self.rolling_back = None
             if decision is self.emergency:
                 self.emergency = None
+                self.decide_held()  # the run goes on from the state it left
             if run is not None:
                 if name and is_main():
                     ctl.answer(self.run_dir, name, error)
