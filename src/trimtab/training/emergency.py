@@ -288,8 +288,18 @@ class EmergencySave:
         if self._claim(step):
             self._say(
                 f"step {step}: a peer was lost ({lost_words(exc)}); no emergency save ({why}): the restart "
-                f"resumes from the last checkpoint, step {self.last_saved}"
+                f"resumes from {self._newest_finished()}"
             )
+
+    def _newest_finished(self) -> str:
+        """The newest checkpoint on disk, in words: last_saved names a background write from its start, and
+        one still under way when a peer is lost never finishes (its collectives wait on the peer): 2 ranks,
+        checkpoint.every=5 asynchronous, kill_rank@21:1 said "resumes from ... step 20" with step 20 left a
+        .tmp_ directory and step 15 the newest on disk."""
+        if self._writing is not None and self.dist.writing_in_background():
+            writing, (before, _) = self._writing
+            return f"the last finished checkpoint, step {before} (step {writing}'s, written in the background, is not)"
+        return f"the last checkpoint, step {self.last_saved}"
 
     def _say(self, line: str) -> None:
         """A line from the survivor that claimed the step: rank 0's console, or, rank 0 lost, this rank's
