@@ -7,6 +7,7 @@ reward's verifier, and takes one optimizer step on the GRPO-family objective.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from trimtab.config.checks import Section, _check, _finite
@@ -18,7 +19,9 @@ AGGREGATIONS = ("token_mean", "seq_mean", "constant")
 @dataclass
 class RLConfig(Section):
     enabled: bool = False  # on under `trimtab rl`
-    prompts: str = "builtin:arithmetic"  # a JSONL file of {"prompt", "answer"}, or the built-in task
+    # a JSONL file of {"prompt", "answer"}, or the built-in task at a difficulty: builtin:arithmetic[:DIGITS]
+    # (operands below 10^DIGITS; 2 when absent), which rule rl_signal raises once it is learned (rl/curriculum.py)
+    prompts: str = "builtin:arithmetic"
     held_out: int = 64  # held-out prompts scored (greedy pass@1) at each evaluation
     held_out_samples: int = 0  # n >= 2: n sampled responses a held-out prompt, pass@k for k = 2, 4, .. n
     reward: str = "exact"  # the verifier (rl/rewards.py): math | exact | regex:P | format:P | python:M:F
@@ -57,6 +60,14 @@ class RLConfig(Section):
     verifier_retries: int = 1  # tries again of a verification whose process died (a timeout: none)
 
     def validate(self) -> None:
+        # a malformed difficulty is told now, not when the phase is built (data/arithmetic.py digits_of reads it;
+        # config imports nothing of data, docs/architecture.md)
+        builtin = "builtin:arithmetic"
+        _check(
+            not self.prompts.startswith(builtin) or re.fullmatch(builtin + r"(:0*[1-9][0-9]*)?", self.prompts),
+            "rl.prompts",
+            f"the built-in task is {builtin}[:DIGITS], DIGITS >= 1, e.g. {builtin}:3",
+        )
         _check(self.group_size >= 2, "rl.group_size", "must be >= 2 (an advantage compares a group's responses)")
         _check(self.prompts_per_step >= 1, "rl.prompts_per_step", "must be >= 1")
         _check(self.max_new_tokens >= 1, "rl.max_new_tokens", "must be >= 1")

@@ -25,8 +25,10 @@ class RLSignalRule(Section):
     so for a person (more samples per prompt, easier prompts, a warmer start), and once dynamic
     sampling drew a whole window there without a signal, stops the run (exit 3: the prompts are too
     hard) or, the groups solved (too easy), turns it off, quiet until the flat share falls below
-    `threshold`. A starting policy whose first rollouts earn no reward at all is said at step 1. The ceiling is low:
-    a weak policy sampled at 2.0 lost its held-out pass@1 (0.15 to 0.005, docs/rl.md). Groups flat
+    `threshold`. Mostly solved (`threshold` of the groups or more), the built-in task is raised a digit, up to
+    `max_difficulty` (rl/curriculum.py), where a file's stops as learned (exit 0); half solved, half stuck is no
+    learned task (docs/rl.md). A starting policy whose first rollouts earn no reward at all is said at step 1.
+    The ceiling is low: a weak policy sampled at 2.0 lost its held-out pass@1 (0.15 to 0.005, docs/rl.md). Groups flat
     because the policy collapsed (every response fails: held-out pass@1 or the training score fallen
     `collapse_sigmas` standard errors from where it was, the entropy risen to `entropy_rise` x the
     starting policy's, or an RL rollback's incident open) are left to rules rl_reward and
@@ -39,6 +41,8 @@ class RLSignalRule(Section):
     max_temperature: float = 1.5
     collapse_sigmas: float = 2.0
     entropy_rise: float = 1.5
+    # the built-in task's digits a curriculum raises it to at most (rl/curriculum.py): learned there, the run stops
+    max_difficulty: int = 6
 
 
 @dataclass
@@ -175,6 +179,7 @@ def check_rl_rules(o: OrchestratorConfig) -> None:
     _check(0 < o.rl_signal.threshold <= 1, "orchestrator.rl_signal.threshold", "must be in (0, 1]")
     _check(o.rl_signal.factor > 1, "orchestrator.rl_signal.factor", "must be > 1 (it raises the temperature)")
     _positive(o.rl_signal, "orchestrator.rl_signal", "collapse_sigmas")
+    _check(o.rl_signal.max_difficulty >= 1, "orchestrator.rl_signal.max_difficulty", "must be >= 1 (digits)")
     _check(o.rl_signal.entropy_rise > 1, "orchestrator.rl_signal.entropy_rise", "must be > 1 (a rise of the entropy)")
     _positive(o.rl_verifier, "orchestrator.rl_verifier", "window", "max_timeout_s")
     _check(0 < o.rl_verifier.threshold <= 1, "orchestrator.rl_verifier.threshold", "must be in (0, 1]")

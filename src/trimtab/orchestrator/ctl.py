@@ -21,7 +21,7 @@ from typing import Any
 from trimtab.errors import ConfigError, RunStateError
 from trimtab.rundir import newest_step, read_json, read_metrics, read_summary, write_json
 from trimtab.runlock import liveness, lock_holder
-from trimtab.training.actions import REQUIRED, RL_ONLY, VERBS
+from trimtab.training.actions import REQUIRED, RL_ONLY, VERBS, counted
 
 
 def parse_command(verb: str, args: list[str]) -> dict[str, Any]:
@@ -72,7 +72,7 @@ def check_against_config(run_dir: Path, command: dict[str, Any]) -> None:
         tokens, budget = params.get("tokens"), cfg.rl.max_new_tokens
         if action == "set_overlong_penalty" and isinstance(tokens, int) and tokens >= budget:
             raise ConfigError(  # the job refuses it too (rl.overlong_buffer's bound), but only journals that
-                f"ctl overlong-penalty: {tokens} tokens is not under the response budget of '{run_dir}' "
+                f"ctl overlong-penalty: {counted(tokens, 'token')} is not under the response budget of '{run_dir}' "
                 f"(rl.max_new_tokens {budget} in its config.yaml); pass 0 (off) to {budget - 1}"
             )
         return

@@ -41,6 +41,7 @@ from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.journal import Decision, Journal
 from trimtab.orchestrator.moe_outcomes import MoELoad, older, track_load
 from trimtab.orchestrator.monitors import Finding, StepMetrics
+from trimtab.orchestrator.rl_stats import curriculum_outcome, track_curriculum
 
 KEEP = 4096  # healthy losses kept by step: a rollback goes back a checkpoint interval or a few
 # Healthy steps after which a skipped step's (a rollback's, past its step) trouble is over: the 5
@@ -98,6 +99,7 @@ class Outcomes:
             paired = None if _fault_span(decision, m.step) else reference  # the cut LR's steps: no pairs
             track.setdefault("references", [None] * (len(track["losses"]) - 1)).append(paired)
             track_load(track, decision, m)
+            track_curriculum(track, decision, m)
             back = [f.rule for f in findings if same_trouble(decision, f) and not older(f, len(track["losses"]))]
             same = bool(back)
             answered = decision.action in SKIPS or decision.rule in ONE_STEP
@@ -169,6 +171,9 @@ class Outcomes:
         ok = track["findings"] == 0 and math.isfinite(after)
         ok = ok and self._loss_healed(d, track, pairs, (before, after, end), claim)
         ok = ok and healed and not _frozen(d, track, before, after)
+        if (curriculum := curriculum_outcome(d, track)) is not None:  # judged on the signal's return (rl_stats.py)
+            ok = curriculum.pop("healed") and math.isfinite(after)
+            load |= curriculum
         result = "recovered" if ok else "not recovered"
         unchanged = d.action == "rollback" and _unchanged(track)
         early = _too_early(track, self.outcome_after, math.isfinite(after)) or settling

@@ -13,6 +13,7 @@ from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.remedies import lr_cut
+from trimtab.training.actions import counted
 
 
 class PersonRaise:
@@ -44,9 +45,9 @@ class PersonRaise:
             "undo the raise" if 1 / factor >= most else f"cut it as an LR too high is (above_start.lr_factor={most:g})"
         )
         return cut, (
-            f"; the LR was raised x{factor:.3g} at step {at} ({what}), {step - at} steps before the trouble: a replay "
-            f"at that LR would meet the same rows with the same weights and LR, so {undo}, x{cut:.3g} with the "
-            "rollback (given back only after orchestrator.lr_restore_after quiet steps)"
+            f"; the LR was raised x{factor:.3g} at step {at} ({what}), {counted(step - at, 'step')} before the "
+            f"trouble: a replay at that LR would meet the same rows with the same weights and LR, so {undo}, "
+            f"x{cut:.3g} with the rollback (given back only after orchestrator.lr_restore_after quiet steps)"
         )
 
     def _shift_raise(self, steps: int) -> None:

@@ -12,8 +12,9 @@ samples as they are; then, if groups stay flat, the sampling temperature rises b
 `max_temperature`), so a group's answers spread and some differ; at the ceiling, the finding is
 said for a person (more samples per prompt, easier prompts, a warmer start), and dynamic sampling
 that drew a whole window there without a signal has spent the remedies: the run stops (exit 3; groups
-solved: the task is learned, a stop with exit 0). Turned off after it drew flat groups (a person's `ctl`), it
-stays off, and a window without one group with a signal walks the same ladder. A starting policy whose first
+mostly solved: the task is learned, the built-in one raised a digit (rl/curriculum.py), else a stop with exit 0).
+Turned off after it drew flat groups (a person's `ctl`), it stays off, and a window without one group with a
+signal walks the same ladder. A starting policy whose first
 rollouts earn no reward at all, or a partial credit alone, is said at once (_first_rollouts), with what it means
 and the fixes, and stopped there where they prove it. The order is
 measured: on the built-in arithmetic task from a weak warm start (held-out pass@1 0.15), raising
@@ -104,6 +105,7 @@ class NoLearningSignal(Monitor):
         self.entropy = Rolling(self.cfg.window)
         self.top: list[int] = []
         self.held_out: list[int] = []
+        self.difficulty: int | None = None  # the built-in task's digits (rl/curriculum.py; None: not known)
 
     def state_dict(self) -> dict[str, Any]:
         config = ("failing", "min_fall", "start_steps")  # not state
@@ -112,6 +114,9 @@ class NoLearningSignal(Monitor):
     def observe(self, m: StepMetrics) -> Finding | None:
         if (share := (m.rl or {}).get("flat_groups")) is None or poisoned(m.rl):
             return None
+        if (level := m.rl.get("difficulty")) is not None and level != (self.difficulty or level):
+            self._new_task()
+        self.difficulty = m.rl.get("difficulty", self.difficulty)
         if m.step <= self.acted_at:  # a rollback's replay of what the last finding judged (KEPT_ON_ROLLBACK)
             self.window, self.solved, self.failed, self.sampled, self.drawn = (
                 Rolling(self.cfg.window) for _ in range(5)
@@ -144,6 +149,8 @@ class NoLearningSignal(Monitor):
             "threshold": self.cfg.threshold,
             "groups_drawn": self.drawn.mean(),
         }
+        if self.difficulty:  # the built-in task's: a curriculum raises it where the task is learned (rl_remedies.py)
+            evidence["difficulty"] = self.difficulty
         if len(self.sampled):  # the share of the window's steps dynamic sampling drew (older batches: unknown)
             evidence["dynamic_sampling"] = self.sampled.mean()
         if self.gave_up:  # off after it drew flat groups (by the rule or a person): not to be turned on again
@@ -208,6 +215,16 @@ class NoLearningSignal(Monitor):
             f"fixes: {NO_SIGNAL_FIXES}"
         )
         return self.finding(m, evidence, summary, 1.0)
+
+    def _new_task(self) -> None:
+        """Another difficulty (a curriculum step, rl/curriculum.py): its windows and its starting policy are
+        the new task's, not the learned one's (whose solved share and training score would read the harder
+        task as a collapse). The held-out readings stay: the held-out problems are the configured task's."""
+        self.window, self.solved, self.failed, self.sampled, self.drawn, self.sampled_flat, self.entropy = (
+            Rolling(self.cfg.window) for _ in range(7)
+        )
+        self.gave_up, self.sampling, self.first, self.own, self.steps = False, None, None, 0, 0
+        self.since, self.start, self.recent, self.entropy_start = [0, 0], [], [], []
 
     def _proven(self, alike: int, size: int) -> float | None:
         """The most groups of `size` with a signal that `alike` responses all earning one reward leave likely: where

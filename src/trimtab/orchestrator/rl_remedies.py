@@ -51,9 +51,10 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig, *, rollbacks: int = 0
 def _signal_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: int = 0, incident: str = "") -> Remedy:
     """Dynamic sampling on; then, for groups flat but not solved, warmer sampling to the ceiling;
     there, once dynamic sampling drew a whole window without one group with a signal, the run stops
-    (_no_signal); with the groups mostly solved, the task is learned: a stop with exit 0 (_learned). Turned off
-    after it drew flat groups, it stays off and a barren window walks the same ladder. Flat because the policy
-    collapsed (the monitor's evidence, or a rollback's incident open), neither: _collapsed. The starting policy's
+    (_no_signal); with the groups mostly solved, the task is learned: the built-in task a digit harder (_harder, a
+    curriculum step), else a stop with exit 0 (_learned); partly solved, the stuck part's ladder (_partly's words).
+    Turned off after it drew flat groups, it stays off and a barren window walks the same ladder. Flat because the
+    policy collapsed (the monitor's evidence, or a rollback's incident open), neither: _collapsed. The starting policy's
     first rollouts flat at no reward or a partial credit: a note (_NO_REWARD), or a stop where they prove it."""
     rule = cfg.rl_signal
     if f.evidence.get("kind") in ("no_reward", "partial_credit"):  # the first rollouts (rl_health, _first_rollouts)
@@ -78,10 +79,14 @@ def _signal_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: in
             reasoning="groups whose responses all earn one reward teach nothing: drop them and draw more prompts "
             "until groups with a signal fill the step (DAPO's dynamic sampling; the policy's samples unchanged)",
         )
-    stuck = f.evidence["flat_groups"] - f.evidence.get("solved_groups", 0.0)
-    if stuck < rule.threshold and barren:
-        return _learned(f)
-    if stuck < rule.threshold:  # mostly learnt: warmer sampling would only unlearn them
+    solved = f.evidence.get("solved_groups", 0.0)
+    stuck = f.evidence["flat_groups"] - solved
+    # learned: mostly solved (`threshold` of the groups, as the flat share the rule acts at). Half solved and half
+    # flat at 0 was read as learned too (the stuck share under `threshold`): exit 0 naming harder prompts, which the
+    # stuck half needs least; it walks the stuck groups' ladder instead (warmer, then the stop, exit 3)
+    if barren and solved >= rule.threshold:
+        return _harder(f, rule.max_difficulty) or _learned(f)
+    if stuck < rule.threshold and not barren:  # mostly learnt: warmer sampling would only unlearn them
         return Remedy(action="none", reasoning=_MOSTLY_SOLVED)
     now = view.rl_temperature
     value = round(min(rule.max_temperature, now * rule.factor), 4)
@@ -165,8 +170,41 @@ def _no_signal(f: Finding, temperature: float) -> Remedy:
         f"{' ' + how if how else ''}, sampled at "
         f"{temperature:g} (orchestrator.rl_signal.max_temperature), and not one had a signal: the rollouts carry no "
         "advantage (GRPO's is 0 where a group's responses all earn one reward), so no step has a gradient"
+        + _partly(f.evidence)
     )
     return _signal_stop(why, "the remedies are spent (dynamic sampling, sampling up to the ceiling)")
+
+
+def _partly(ev: dict[str, Any]) -> str:
+    """A barren window partly solved, in words ('' where none is): the task partly learned, no signal in either
+    part; harder prompts are for the solved part, the stuck part needs the no-signal fixes."""
+    solved = ev.get("solved_groups", 0.0)
+    if solved <= 0:
+        return ""
+    return (
+        f"; {solved:.0%} of the groups solved (every response at rl.full_reward) and {1 - solved:.0%} stuck below it: "
+        "the task partly learned, with no signal in either part (harder prompts are for the solved part; the stuck "
+        "part is out of this policy's reach)"
+    )
+
+
+def _harder(f: Finding, most: int) -> Remedy | None:
+    """The built-in task learned at a difficulty under orchestrator.rl_signal.max_difficulty: a curriculum step,
+    its problems drawn at a digit more (rl/curriculum.py), instead of the stop; None for a file's task (no
+    difficulty) or at the ceiling. Its outcome is the signal's return (outcomes.py: no rl_signal finding since)."""
+    digits = f.evidence.get("difficulty", 0)
+    if not digits or digits >= most:
+        return None
+    ev = f.evidence
+    return Remedy(
+        action="set_rl_difficulty",
+        params={"digits": digits + 1},
+        reasoning=f"every group of the last {ev['window']} steps earned one reward for all its responses, "
+        f"{ev['solved_groups']:.0%} all at rl.full_reward: the policy has learnt the built-in task at {digits} digits "
+        f"and it teaches nothing more; draw its problems at {digits + 1} (a curriculum step, up to "
+        f"orchestrator.rl_signal.max_difficulty={most}): groups it does not solve every time, and their advantage, "
+        "come back",
+    )
 
 
 def _first_stop(f: Finding) -> Remedy:
@@ -206,6 +244,8 @@ def _learned(f: Finding) -> Remedy:
     step 40; now a stop at step 10 with exit 0, as early_stop's, the run having done its work."""
     ev = f.evidence
     rest = "" if ev["solved_groups"] >= 1.0 else ", the rest flat below it: out of this policy's reach"
+    if ev.get("difficulty"):  # the built-in task at the curriculum's ceiling (_harder)
+        rest += f"; the built-in task at {ev['difficulty']} digits, orchestrator.rl_signal.max_difficulty"
     why = (
         f"every group of the last {ev['window']} steps earned one reward for all its responses, "
         f"{ev['solved_groups']:.0%} all at rl.full_reward{rest} ({ev.get('groups_drawn', 0.0):.0f} groups a step "
@@ -226,15 +266,20 @@ def _ratio_remedy(view: Any, cfg: OrchestratorConfig) -> Remedy:
         return Remedy(
             action="set_max_staleness",
             params={"steps": eta // 2},
-            reasoning=f"the rollouts, generated up to {eta} steps behind, are too far from the policy trained: the "
+            reasoning=f"the rollouts, generated up to {_steps(eta)} behind, are too far from the policy trained: the "
             "clip and the importance-weight cap discard most of their tokens' gradient; generate them from a "
-            f"newer policy ({eta} -> {eta // 2} steps behind)",
+            f"newer policy ({eta} -> {_steps(eta // 2)} behind)",
         )
     why = (
         "on-policy rollouts are off the clip range: each update moves the policy further than the trust region "
         "allows (or the generation engine disagrees with the trainer: compare rl/kl at a tiny LR)"
     )
     return _lower_lr(why, view, cfg)
+
+
+def _steps(n: int) -> str:
+    """`n` steps in words, the count agreeing ("1 step", "0 steps"): eta 1 read "1 steps behind"."""
+    return f"{n} step" if n == 1 else f"{n} steps"
 
 
 def _entropy_remedy(view: Any, cfg: OrchestratorConfig) -> Remedy:

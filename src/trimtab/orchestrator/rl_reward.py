@@ -98,6 +98,7 @@ class RewardFall(Monitor):
         # said so far. A window back halfway from the line to the start ends the episode: the next fall is said again
         self.noted, self.episodes = False, 0
         self._fresh: bool | None = None  # the first step observed since a restore (load_state_dict)
+        self.difficulty: int | None = None  # the built-in task's digits (rl/curriculum.py; None: not known)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """A rollback restores the windows, not what was decided: a finding after one counts on."""
@@ -114,6 +115,11 @@ class RewardFall(Monitor):
         seen = [*(rl[k] for k in SCORE), rl["reward"], group_size(rl)]
         if rl.get("overlong_buffer", 0) != self.overlong_buffer:
             self._new_penalty(rl.get("overlong_buffer", 0))
+        if (level := rl.get("difficulty")) is not None and level != (self.difficulty or level):
+            # a curriculum step (rl/curriculum.py): a harder task scores lower by design, not a fall; its own start
+            self.penalised = bool(self.start)
+            self.start, self.window, self.first, self.pooled = [], [], None, 0
+        self.difficulty = rl.get("difficulty", self.difficulty)
         # a replay restored to the start's policy draws from it as the start did: same step, penalty, temperature
         same = bool(fresh) and self.origin[:3] == [m.step, self.overlong_buffer, rl["temperature"]]
         if self._starting(m, rl.get("staleness", 0.0), same):

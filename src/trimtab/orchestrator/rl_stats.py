@@ -215,3 +215,29 @@ def count_fall(k1: int, n1: int, k2: int, n2: int) -> float:
     if pooled <= 0 or pooled >= 1:
         return 0.0
     return (k1 / n1 - k2 / n2) / math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2))
+
+
+def track_curriculum(track: dict[str, Any], decision: Any, m: Any) -> None:
+    """A curriculum step's (rule rl_signal's set_rl_difficulty, rl/curriculum.py) following steps: each one's flat and
+    solved shares of its groups, which curriculum_outcome judges it on."""
+    if decision.action == "set_rl_difficulty" and m.rl and m.rl.get("flat_groups") is not None:
+        track.setdefault("curriculum", []).append([m.rl["flat_groups"], m.rl.get("solved_groups", 0.0)])
+
+
+def curriculum_outcome(decision: Any, track: dict[str, Any]) -> dict[str, Any] | None:
+    """A curriculum step judged on what it was for (None for any other decision): the steps after it held groups with
+    a signal again (their flat share under the finding's) and solved fewer (the task is harder), whatever rule
+    rl_signal said later: once the policy learns the new difficulty its groups are flat and solved again, a note or
+    the next step of the curriculum, not this one's failure. `healed` and the shares before and after."""
+    if decision.action != "set_rl_difficulty":
+        return None
+    seen, ev = track.get("curriculum") or [], decision.evidence
+    if not seen:
+        return {"healed": False}
+    flat, solved = (sum(column) / len(seen) for column in zip(*seen))
+    healed = flat < ev.get("flat_groups", 1.0) and solved < ev.get("solved_groups", 1.0)
+    return {
+        "healed": healed,
+        "flat_groups": [ev.get("flat_groups"), flat],
+        "solved_groups": [ev.get("solved_groups"), solved],
+    }

@@ -23,12 +23,12 @@ from typing import Any
 import torch
 
 from trimtab.config.rl import RLConfig
-from trimtab.data.arithmetic import SOURCE
+from trimtab.data.arithmetic import SOURCE, digits_of
 from trimtab.data.batches import IGNORE_INDEX
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import DataError
 from trimtab.hardware import is_oom
-from trimtab.rl import replay
+from trimtab.rl import curriculum, replay
 from trimtab.rl.engine import RolloutQueue
 from trimtab.rl.loss import advantages, normaliser, token_weights
 from trimtab.rl.order import EpochOrder, Ordered, fingerprint
@@ -103,6 +103,9 @@ class RolloutLoader(Ordered):
         self.held_out = held_out or []  # answered greedily at each evaluation (evaluate)
         # a step's size in tokens, as the OOM handler bounds a micro-batch by (its prompts' at most)
         self.batch_tokens = cfg.prompts_per_step * cfg.group_size * (max_prompt_tokens + cfg.max_new_tokens)
+        self.max_prompt_tokens = max_prompt_tokens
+        # the built-in task's digits (rl/curriculum.py: rule rl_signal raises them once it is learned); 0: a file's
+        self.difficulty = digits_of(cfg.prompts) or 0
         # train.micro_batch_tokens, 0 (auto) the whole step (not train.batch_tokens: pretraining's);
         # an OOM handler may lower it between steps
         self.micro_batch_tokens = micro_batch_tokens or self.batch_tokens
@@ -216,7 +219,7 @@ class RolloutLoader(Ordered):
         summed = self._sum(all_sum, [*(local[k] for k in SUMS), *slots])
         sums, slowest = dict(zip(SUMS, summed)), max(summed[len(SUMS) :])
         fields = {"verifier_error": error, "overlong_buffer": overlong_buffer, "slowest": slowest}
-        fields["dynamic_sampling"] = dynamic_sampling
+        fields |= {"dynamic_sampling": dynamic_sampling, "difficulty": self.difficulty}
         return RolloutBatch([], 0, n_tokens, rows, None, rollouts, adv, rewards, sums, **fields)
 
     def _sum(self, all_sum: Sum, values: list[float]) -> list[float]:
@@ -425,6 +428,8 @@ class RolloutLoader(Ordered):
             "rl/truncated": figures["truncated"],
             "rl/verifier_failures": float(sums["failures"]),
         }
+        if self.difficulty:  # the built-in task's, a curriculum's knob (rl/curriculum.py)
+            out["rl/difficulty"] = float(self.difficulty)
         # a run that is or was asynchronous: the live bound (`ctl max-staleness` may raise it over
         # rl.max_staleness), the config's (rule rl_ratio may lower it to 0: logged as 0), or a
         # window whose batches were generated ahead before a person's bound fell back to 0
@@ -447,10 +452,14 @@ class RolloutLoader(Ordered):
         queued = {"ahead_ranks": self.gather(ahead)} if self.world > 1 else {"ahead": ahead}  # each rank's own
         queued["max_staleness"] = self.max_staleness if self._queue else 0  # ahead may hold fewer (a failure)
         logged = [asdict(_Logged.of(b)) for b in self._window]  # every rank's figures already (all_sum, settle)
+        queued["difficulty"] = self.difficulty  # the problems drawn from (a curriculum's: an exact resume)
         return {**queued, "version": self.version, "draws": self.draws, "log_window": logged, **self.order.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly where `state` was taken."""
+        """Continue exactly where `state` was taken (at its difficulty: rl/curriculum.py)."""
+        # older checkpoints: the configured difficulty; a file's task (0) on either side: the order names the change
+        if self.difficulty and state.get("difficulty") and state["difficulty"] != self.difficulty:
+            curriculum.set_difficulty(self, state["difficulty"])
         self.order.load_state_dict(state, "RL")
         self.seed, self.draws = state["seed"], state["draws"]
         # the next log line averages the steps since the last one, as without the stop

@@ -16,9 +16,8 @@ from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import ConfigError
 from trimtab.rl.batches import RolloutLoader
 from trimtab.rl.rewards import verifier
-from trimtab.rl.tasks import Problem, arithmetic, read_problems
+from trimtab.rl.tasks import Problem, builtin, read_problems
 
-TRAIN_PROBLEMS = 100_000  # the built-in task's training problems at most (two digits: ~18,000 in all)
 log = logging.getLogger(__name__)
 
 
@@ -63,7 +62,7 @@ def problems_of(cfg: RunConfig) -> tuple[list[Problem], list[Problem]]:
     except ValueError as exc:
         raise ConfigError(f"rl.prompts {exc}") from None
     if digits is not None:
-        return arithmetic(TRAIN_PROBLEMS, seed, digits), arithmetic(n_held, seed, digits, split="held_out")
+        return builtin(digits, seed, n_held)
     path = Path(spec)
     if not path.is_file():
         raise ConfigError(f"rl.prompts '{spec}' is no file; a JSONL of prompts and answers, or {SOURCE}")

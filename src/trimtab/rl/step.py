@@ -102,6 +102,8 @@ class RolloutBatch(StepBatch):
     slowest: float = -1.0
     # whether dynamic sampling drew this step (rule rl_signal: what it found; None: a checkpoint's older batch)
     dynamic_sampling: bool | None = None
+    # the built-in task's digits the prompts were drawn at (rl/curriculum.py; 0: a file's task, or an older batch)
+    difficulty: int = 0
 
     @property
     def health(self) -> dict[str, Any]:
@@ -115,6 +117,8 @@ class RolloutBatch(StepBatch):
         figures["groups_drawn"] = self.sums["groups"]
         if self.dynamic_sampling is not None:
             figures["dynamic_sampling"] = self.dynamic_sampling
+        if self.difficulty:  # a curriculum's step starts the rules' baselines again (rl_health, rl_reward)
+            figures["difficulty"] = self.difficulty
         figures["verifications"] = tuple(int(self.sums[k]) for k in ("verified", "failures", "timeouts"))
         if self.verifier_error:
             figures["verifier_error"] = self.verifier_error
@@ -179,6 +183,7 @@ BATCH_FIELDS = (
     "overlong_buffer",
     "slowest",
     "dynamic_sampling",
+    "difficulty",
 )
 
 

@@ -19,6 +19,8 @@ from trimtab.data.arithmetic import problems
 from trimtab.data.formats import Record, parse_json, records
 from trimtab.errors import DataError
 
+TRAIN_PROBLEMS = 100_000  # the built-in task's training problems at most (two digits: ~18,000 in all)
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -30,6 +32,12 @@ class Problem:
 def arithmetic(n: int, seed: int = 0, digits: int = 2, split: str = "train", share: float = 0.1) -> list[Problem]:
     """`n` distinct problems of the built-in task's split (`train` or `held_out`; data/arithmetic.py)."""
     return [Problem(prompt, answer) for prompt, answer in problems(n, seed, digits, split, share)]
+
+
+def builtin(digits: int, seed: int, n_held: int) -> tuple[list[Problem], list[Problem]]:
+    """The built-in task at `digits` (its difficulty: rl.prompts builtin:arithmetic:DIGITS, or a curriculum
+    step of rule rl_signal's, rl/curriculum.py): its training problems and `n_held` held-out ones."""
+    return arithmetic(TRAIN_PROBLEMS, seed, digits), arithmetic(n_held, seed, digits, split="held_out")
 
 
 def json_lines(path: Path) -> Iterator[tuple[Record, Any]]:

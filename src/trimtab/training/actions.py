@@ -21,6 +21,11 @@ from trimtab.errors import ConfigError
 REQUIRED = object()  # a parameter without a default
 
 
+def counted(n: int, noun: str) -> str:
+    """`n` `noun`s in words, the noun agreeing with the count: "1 step", "0 steps" (the journal said "1 steps")."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class ActionParam:
     """One parameter of an action (ACTIONS): its type, range and default, checked when the action
@@ -189,7 +194,7 @@ _TABLE = (
         verb="rollback",
         says=lambda v: (
             f"roll back to {v['to']}"
-            + (f", skip {v['n_rows']} rows" if v["n_rows"] else "")
+            + (f", skip {counted(v['n_rows'], 'row')}" if v["n_rows"] else "")
             + (f", lr x{v['lr_factor']:.3g}" if v["lr_factor"] else "")
             + (", knobs turned after it put back" if v["knobs"] else "")
         ),
@@ -205,7 +210,7 @@ _TABLE = (
     ),
     Action(
         name="skip_data",
-        says="leave out {n_rows} rows",
+        says=lambda v: f"leave out {counted(v['n_rows'], 'row')}",
         help="leave these training rows out from now on",
         params=(ActionParam(name="rows", kind="rows", ctl=False),),
     ),
@@ -349,7 +354,7 @@ _TABLE = (
     Action(
         name="set_overlong_penalty",
         verb="overlong-penalty",
-        says="RL overlong penalty over the last {tokens} tokens",
+        says=lambda v: f"RL overlong penalty over the last {counted(v['tokens'], 'token')}",
         help="RL's soft penalty: the last TOKENS of the budget cost up to 1 reward (rl.overlong_buffer)",
         params=(ActionParam(name="tokens", kind="int", bounds="[0, inf)"),),
     ),
@@ -361,16 +366,24 @@ _TABLE = (
         params=(ActionParam(name="value", kind="str", choices=("on", "off")),),
     ),
     Action(
+        name="set_rl_difficulty",
+        verb="rl-difficulty",
+        says=lambda v: f"RL task difficulty {counted(v['digits'], 'digit')}",
+        help="the built-in RL task's difficulty, its operands' digits (rl.prompts builtin:arithmetic:DIGITS): its "
+        "training problems drawn again at it (rl/curriculum.py)",
+        params=(ActionParam(name="digits", kind="int", bounds="[1, inf)"),),
+    ),
+    Action(
         name="set_max_staleness",
         verb="max-staleness",
-        says="RL rollouts at most {steps} steps behind",
+        says=lambda v: f"RL rollouts at most {counted(v['steps'], 'step')} behind",
         help="how many optimizer steps behind the policy trained RL's rollouts may be generated (rl.max_staleness)",
         params=(ActionParam(name="steps", kind="int", bounds="[0, inf)"),),
     ),
     Action(
         name="set_generation_rows",
         verb="generation-rows",
-        says="RL generation {at_once} rows at a time",
+        says=lambda v: f"RL generation {counted(v['at_once'], 'row')} at a time",
         help="rows RL generates in one pass (a step's prompts x group in several passes after an out-of-memory error)",
         params=(ActionParam(name="at_once", kind="int", bounds="[1, inf)"),),
     ),
@@ -384,7 +397,7 @@ _TABLE = (
     Action(
         name="set_total_steps",
         verb="total-steps",
-        says="run length {steps} steps",
+        says=lambda v: f"run length {counted(v['steps'], 'step')}",
         help="the run's total steps (the pretraining schedule stretches or shrinks to the new end); a resume keeps "
         "it unless it names another --max-steps, which then replaces it, but for orchestrator.make_up's steps for "
         "withheld updates: they stay on top, as on a fresh run of that --max-steps",
@@ -397,7 +410,7 @@ _TABLE = (
     Action(
         name="set_checkpoint_every",
         verb="checkpoint-every",
-        says="a checkpoint every {steps} steps",
+        says=lambda v: f"a checkpoint every {counted(v['steps'], 'step')}",
         help="steps between checkpoints (the checkpoint interval rule sets it from save cost and MTBF)",
         params=(ActionParam(name="steps", kind="int", bounds="[1, inf)"),),
     ),
@@ -417,6 +430,7 @@ RL_ONLY = frozenset(
         "set_overlong_filter",
         "set_overlong_penalty",
         "set_dynamic_sampling",
+        "set_rl_difficulty",
         "set_max_staleness",
         "set_generation_rows",
         "set_verifier_timeout",

@@ -16,7 +16,7 @@ length) live in TrainState and are checkpointed, so a resumed run keeps them; a 
 weights, optimizer and data position but keeps the knobs, since they are the correction (save the
 RL knobs rule rl_reward names, `knobs`: turned by RL's rules on a falling policy, they are not). The
 knobs' logic lives here: the trainer only calls apply_knobs() when it builds a new optimizer or
-loader.
+loader. Reinforcement learning's knobs and their effects are rl_control.py's (RLKnobs, a part of Control).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from trimtab.checkpoint import prune
 from trimtab.data import BatchLoader
 from trimtab.errors import ConfigError, TrimtabError
 from trimtab.resilience.elastic import leave_job, node_count, node_rank
-from trimtab.rl.batches import RolloutLoader
 from trimtab.training import surgery
-from trimtab.training.actions import ACTIONS, MOE_KNOBS, PUT_BACK, RL_ONLY, action
+from trimtab.training.actions import ACTIONS, MOE_KNOBS, PUT_BACK, RL_ONLY, action, counted
 from trimtab.training.optim import build_optimizer
+from trimtab.training.rl_control import RLKnobs
 from trimtab.training.schedule import apply_lengths
 from trimtab.training.setup import model_sizes
 from trimtab.training.state import Rewound
@@ -64,7 +64,7 @@ class Requests:
         raise AttributeError(f"run.control is read-only: request changes with run.control.request(...), not {name}=")
 
 
-class Control:
+class Control(RLKnobs):
     def __init__(self, trainer: Trainer, applying: Applying | None = None):
         self._trainer = trainer
         # each effect runs in applying(name, mid_step): the trainer's emergency save's watch (training/emergency.py)
@@ -122,19 +122,7 @@ class Control:
             t.model.set_activation_checkpointing(t.state.activation_checkpointing)
         if t.state.weight_decay is not None:
             t.optimizer.param_groups[0]["weight_decay"] = t.state.weight_decay  # the decay group
-        if isinstance(t.loader, RolloutLoader):
-            if t.state.rl_verifier_timeout is not None:
-                t.loader.verifier_timeout_s = t.state.rl_verifier_timeout
-            if t.state.rl_dynamic_sampling is not None:
-                t.loader.dynamic_sampling = t.state.rl_dynamic_sampling
-            if t.state.rl_overlong_filter is not None:
-                t.loader.overlong_filter = t.state.rl_overlong_filter
-            if t.state.rl_overlong_buffer is not None:
-                t.loader.overlong_buffer = t.state.rl_overlong_buffer
-            if t.state.rl_max_staleness is not None:
-                t.loader.max_staleness = t.state.rl_max_staleness
-            if t.state.rl_generation_rows is not None:
-                t.loader.generation_rows = t.state.rl_generation_rows
+        self.apply_rl_knobs()
 
     def apply_lengths(self) -> None:
         t = self._trainer
@@ -210,8 +198,7 @@ class Control:
     def _skip_data(self, rows: list[int]) -> str:
         added = self._trainer.loader.skip_rows(rows)
         already = len(set(rows)) - added
-        noun = "row" if added == 1 else "rows"
-        return f"{added} {noun} left out of training" + (f" ({already} more already were)" if already else "")
+        return f"{counted(added, 'row')} left out of training" + (f" ({already} more already were)" if already else "")
 
     def _set_micro_batch_tokens(self, tokens: int) -> str:
         """Micro-batch budget; the step's rows (the optimization batch) stay the same."""
@@ -253,7 +240,7 @@ class Control:
         t.finish_save()  # a checkpoint still being written is neither pruned nor written twice
         if keep is not None:
             gone = t.dist.from_main(prune, t.cfg.run_dir, keep, (t.last_good,))
-            freed = f"deleted {len(gone)} older checkpoint(s); " if gone else ""
+            freed = f"deleted {counted(len(gone), 'older checkpoint')}; " if gone else ""
         if not t.save(wait=True):
             raise TrimtabError(f"{freed}the checkpoint at step {t.state.step} could not be written")
         return f"{freed}checkpoint at step {t.state.step}"
@@ -268,7 +255,8 @@ class Control:
         agents restart them on the nodes left, from this checkpoint."""
         t = self._trainer
         if node >= node_count():
-            raise TrimtabError(f"exclude_node: no node {node} in this job ({node_count()} node(s) under torchrun)")
+            nodes = counted(node_count(), "node")
+            raise TrimtabError(f"exclude_node: no node {node} in this job ({nodes} under torchrun)")
         if not t.save(wait=True):
             raise TrimtabError(f"the checkpoint at step {t.state.step} could not be written: node {node} stays")
         t.dist.from_main(lambda: None)  # every rank past the save before any leaves
@@ -281,7 +269,7 @@ class Control:
         """Steps between checkpoints from now on (TrainState, so a resume keeps it)."""
         state = self._trainer.state
         old, state.checkpoint_every = self.checkpoint_every(), steps
-        return f"checkpoint every {old} -> {steps} steps"
+        return f"checkpoint every {old} -> {counted(steps, 'step')}"
 
     def checkpoint_every(self) -> int:
         """Steps between checkpoints: the knob, else checkpoint.every (0: only at the end)."""
@@ -369,73 +357,6 @@ class Control:
             router.set_step(self._trainer.state.step)
         return f"MoD capacity {line.removeprefix('target ')}"
 
-    def _set_dynamic_sampling(self, value: str) -> str:
-        return self._rl_switch("dynamic sampling", "dynamic_sampling", value)
-
-    def _rl_switch(self, what: str, knob: str, value: str) -> str:
-        """An RL loader's on/off knob `knob`, kept in the train state as rl_<knob> (checkpointed)."""
-        t = self._trainer
-        if not isinstance(t.loader, RolloutLoader):
-            return f"no RL phase is running: {what} is unchanged"
-        before = "on" if getattr(t.loader, knob) else "off"
-        setattr(t.loader, knob, value == "on")
-        setattr(t.state, f"rl_{knob}", value == "on")
-        return f"RL {what} {before} -> {value}"
-
-    def _set_verifier_timeout(self, value: float) -> str:
-        t = self._trainer
-        if not isinstance(t.loader, RolloutLoader):
-            return "no RL phase is running: the verifier timeout is unchanged"
-        before, t.state.rl_verifier_timeout = t.loader.verifier_timeout_s, value
-        t.loader.verifier_timeout_s = value
-        return f"RL verifier timeout {before:g} -> {value:g} s"
-
-    def _set_generation_rows(self, at_once: int) -> str:
-        t = self._trainer
-        if not isinstance(t.loader, RolloutLoader):
-            return "no RL phase is running: the generation batch is unchanged"
-        before = t.view.rl_generation_rows
-        t.loader.generation_rows = t.state.rl_generation_rows = at_once
-        return f"RL generation rows at a time {before} -> {at_once}"
-
-    def _set_max_staleness(self, steps: int) -> str:
-        t = self._trainer
-        if not isinstance(t.loader, RolloutLoader):
-            return "no RL phase is running: the staleness bound is unchanged"
-        before = t.loader.max_staleness
-        t.loader.max_staleness = t.state.rl_max_staleness = steps
-        return f"RL rollouts at most {before} -> {steps} steps behind (the batches generated ahead dropped)"
-
-    def _set_entropy_bonus(self, value: float) -> str:
-        t = self._trainer
-        before, t.state.rl_entropy_coef = t.rl_entropy_coef, value
-        return f"RL entropy bonus {before:g} -> {value:g}"
-
-    def _set_overlong_filter(self, value: str) -> str:
-        return self._rl_switch("overlong filter", "overlong_filter", value)
-
-    def _set_overlong_penalty(self, tokens: int) -> str:
-        t = self._trainer
-        if not isinstance(t.loader, RolloutLoader):
-            return "no RL phase is running: the overlong penalty is unchanged"
-        if tokens >= t.cfg.rl.max_new_tokens:  # a failure: answered, journaled as failed (it read as applied)
-            raise ConfigError(
-                f"the overlong penalty's buffer ({tokens}) must be under rl.max_new_tokens "
-                f"({t.cfg.rl.max_new_tokens}): unchanged"
-            )
-        before, t.state.rl_overlong_buffer = t.loader.overlong_buffer, tokens
-        t.loader.overlong_buffer = tokens
-        done = f"RL overlong penalty buffer {before} -> {tokens} tokens"
-        if tokens and t.loader.overlong_filter:  # the penalty acts through the cut responses' gradient
-            done += f"; {self._set_overlong_filter('off')}"
-        return done
-
-    def _set_rl_temperature(self, value: float) -> str:
-        t = self._trainer
-        before = t.rl_temperature
-        t.state.rl_temperature = value
-        return f"RL sampling temperature {before:g} -> {value:g}"
-
 
 # Each action of the table (training/actions.py) -> its effect. skip_step takes effect when it is
 # requested (AT_ONCE): the next step's update gate reads it.
@@ -468,6 +389,7 @@ EFFECTS: dict[str, Callable[..., str]] = {
     "set_generation_rows": Control._set_generation_rows,
     "set_max_staleness": Control._set_max_staleness,
     "set_dynamic_sampling": Control._set_dynamic_sampling,
+    "set_rl_difficulty": Control._set_rl_difficulty,
     "set_total_steps": Control._set_total_steps,
     "set_checkpoint_every": Control._set_checkpoint_every,
     "exclude_node": Control._exclude_node,

@@ -1,0 +1,57 @@
+"""The built-in task's curriculum: its difficulty (the operands' digits, rl.prompts
+builtin:arithmetic:DIGITS) raised once the policy has learnt it.
+
+Rule rl_signal (orchestrator/rl_health.py) found a window whose every group was flat and mostly solved:
+the prompts teach the policy nothing more. A prompt file stops there (the data is a person's to change),
+but the built-in task has a difficulty to raise: its training problems are drawn again at DIGITS + 1
+(the action `set_rl_difficulty`, `trimtab ctl RUN rl-difficulty DIGITS`), so groups the policy does not
+solve every time come back, and with them the advantage. The held-out problems stay those of the
+configured difficulty: a harder held-out set would read as a fall of held-out pass@1, which rules
+rl_hacking and rl_reward answer with a rollback (their baselines are the old task's). The difficulty
+is the loader's state (its checkpoint: an exact resume draws the same problems) and each step's
+(`RolloutBatch.difficulty`, rl/difficulty in the metrics), so the rules' baselines start again at a
+new difficulty (RewardFall, NoLearningSignal).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trimtab.errors import ConfigError
+from trimtab.rl.order import EpochOrder, fingerprint
+from trimtab.rl.tasks import builtin
+
+LONGEST = 64  # prompts encoded to find the longest: the longest in characters (all a task of a few digits has)
+
+
+def set_difficulty(loader: Any, digits: int, max_seq_len: int = 0) -> str:
+    """Draw `loader`'s (an RolloutLoader's) training problems again at `digits`, its order from the start;
+    a ConfigError where its task is a file (no difficulty), or where the longest new prompt and
+    rl.max_new_tokens would not fit `max_seq_len` (0: unchecked, a checkpoint's own difficulty)."""
+    if not loader.difficulty:
+        raise ConfigError(
+            f"rl.prompts '{loader.cfg.prompts}' is a file, with no difficulty to set: the built-in task's is "
+            "builtin:arithmetic:DIGITS; harder prompts in the file are a person's to write"
+        )
+    train, _ = builtin(digits, loader.seed, 0)
+    longest_text = sorted(train, key=lambda p: len(p.prompt))[-LONGEST:]
+    longest = max(len(loader.tok.encode(p.prompt, specials=True)) for p in longest_text)
+    if max_seq_len and longest + loader.cfg.max_new_tokens > max_seq_len:
+        raise ConfigError(
+            f"the built-in task at {digits} digits has prompts of {longest} tokens: with rl.max_new_tokens="
+            f"{loader.cfg.max_new_tokens} over model.max_seq_len={max_seq_len}; difficulty unchanged "
+            f"({loader.difficulty})"
+        )
+    before, auto = loader.difficulty, loader.micro_batch_tokens == loader.batch_tokens
+    items = fingerprint((p.prompt, p.answer) for p in train)
+    loader.problems, loader.difficulty = train, digits
+    loader.order = EpochOrder(len(train), loader.seed, "prompts", "rl.prompts", items, seeded=True)
+    cfg = loader.cfg
+    loader.max_prompt_tokens = max(loader.max_prompt_tokens, longest)
+    loader.batch_tokens = cfg.prompts_per_step * cfg.group_size * (loader.max_prompt_tokens + cfg.max_new_tokens)
+    if auto:  # train.micro_batch_tokens 0: the whole step, now of longer prompts
+        loader.micro_batch_tokens = loader.batch_tokens
+    return (
+        f"RL task difficulty {before} -> {digits} digits ({len(train)} training problems drawn again; "
+        "the held-out problems unchanged)"
+    )
