@@ -29,8 +29,7 @@ class GiveBack:
     def _give_back(self, step: int, view: Any) -> Remedy | None:
         """After `wait` quiet steps (doubled after a failed give-back) a cut LR is given back x2, never past
         the ceiling, unless TRIES give-backs were followed by instability (the cut was needed)."""
-        if self.last_restore >= 0 and self.ladder.last_step > self.last_restore:
-            self.restore_failed, self.last_restore = int(self.restore_failed) + 1, -1
+        self._judge_give_back()
         if self.lr_debt >= 1 or self.restore_failed >= TRIES:
             return None
         # a short run's wait is an eighth of it, yet no cut is given back before its outcome is judged
@@ -59,6 +58,15 @@ class GiveBack:
             evidence={"quiet_steps": calm, "wait": wait, "lr_debt": self.lr_debt, "lr_ceiling": self.lr_ceiling},
             commit=commit,
         )
+
+    def _judge_give_back(self) -> None:
+        """A give-back on probation that instability followed failed. Judged every quiet step, and by
+        Policy.shift before a rollback moves the steps back: the rollback a finding called is applied before
+        the next quiet step, and one over more steps than the give-back's own step number moved that below 0,
+        read as none on probation (debug 3x: given back at 20, rolled back from 73 to 0, given back again at
+        20 of the replay where a failure waits 40)."""
+        if self.last_restore >= 0 and self.ladder.last_step > self.last_restore:
+            self.restore_failed, self.last_restore = int(self.restore_failed) + 1, -1
 
     def _owe(self, factor: float, lr_scale: float, ceiling: float = math.inf) -> None:
         """An applied LR cut that quiet may give back: the multiplier it was cut from bounds that (and

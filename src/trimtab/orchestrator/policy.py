@@ -346,11 +346,13 @@ class Policy(InstabilityLadder):
     def shift(self, steps: int) -> None:
         """A rollback moved the step counter back by `steps`: move remembered steps with it, so
         cooldowns and quiet windows count the steps actually trained."""
+        self._judge_give_back()  # give_back.py: the instability that called the rollback is a give-back's failure
         ladder = self.ladder
         ladder.recent = [s - steps for s in ladder.recent]
         ladder.last_step -= steps if ladder.last_step >= 0 else 0
         self.last_lr_change -= steps
-        self.last_restore -= steps if self.last_restore >= 0 else 0
+        # not judged failed, a give-back stays on probation (its LR is kept for the replay), at step 0 at the least
+        self.last_restore = max(0, self.last_restore - steps) if self.last_restore >= 0 else -1
         self.lr_too_high_at -= steps
         self.unstable_at -= steps
         self._shift_raise(steps)
