@@ -56,6 +56,10 @@ class TooHighLR:
         if factor is None:
             return self._at_floor(f, view)
         why = _too_high_why(f, factor, before) + (_past_floor_why(f, before, self.cfg) if past_floor else "")
+        if (sound := f.evidence.get("sound_at")) is not None and factor < sound / view.lr_scale:
+            # a collapse after a give-back: back to the LR the replay's gain measured sound, not below it
+            factor = sound / view.lr_scale
+            why += f"; not below the x{sound:.3g} multiplier whose replay delivered a sound LR's gain: x{factor:.3g}"
         # the earlier cut's gain, when it made this one a halving or passes the floor: what a fresh run lacks
         evidence = {"gain_before": before} if _rose(f.evidence, before) or past_floor else {}
         cut = self._cut_commit(f, factor, view.lr_scale)
@@ -277,6 +281,13 @@ def _overshoot_why(f: Finding) -> str:
             f"the LR was cut for being far too high, and over the first {ev['gain_window']} steps since, the updates "
             f"delivered {ev['gain']:.2f} of the loss decrease their gradient promised on their own batch (median; "
             f"under the {ev['sound_gain']:g} a sound LR reaches, where twice it reads 0.67): it is still too high"
+        )
+    if "quartile" in ev:  # the median passed min_gain, a quarter of the steps did not
+        return (
+            f"over this phase's first {ev['gain_window']} measured steps the updates delivered {ev['gain']:.2f} of "
+            "the loss decrease their gradient promised on their own batch (median), but a quarter of them "
+            f"{ev['quartile']:.2f} or less (lower quartile; under {ev['low_quartile']:g}, where a sound LR's lone "
+            "low steps stay fewer): they overshoot"
         )
     return (
         f"over this phase's first steps the updates delivered {ev['gain']:.2f} of the loss decrease their "

@@ -29,6 +29,13 @@ SOUND_GAIN = 0.72
 # on some steps even where its median looks sound (debug at 3x, steps 1-15, seeds 0, 1, 1234: medians 0.53-0.74,
 # lower quartiles 0.35-0.51, gains down to -1.35; at its LR 0.64-0.83; real text at its LR 0.71-0.83)
 STEADY_GAIN = 0.6
+# The lower quartile of the phase's first gains (garbage's jumped steps left out) under which the updates
+# overshoot on too many steps, whatever their median (the last stop's debug at 10x, bad_rows@10:4, seed 1234: median
+# 0.46, kept 10x, 4.893 against 4.327). Steps 1-15 at the presets' LR (debug, debug-moe, debug-hybrid, seeds 0-3,
+# and debug with bad_rows@10:4, seeds 0, 1234): 0.59-0.71, a lone step down to -0.29; debug at 10x with
+# bad_rows, seeds 1, 2, 1234: 0.21-0.34 (their medians 0.38-0.41); at 3x, seeds 0-3: 0.33, 0.34, 0.46, 0.44 (seeds
+# 2-3 drew no rule, seed 2 ended 4.593 where seeds 0-1, cut, ended 4.311, 4.127; 80 steps)
+LOW_QUARTILE = 0.5
 # A loss under this share of a finding's level has fallen since: a new finding on the same ground needs it
 FELL = 0.98
 
@@ -96,6 +103,8 @@ class AboveStart(Monitor):
         self.held = 0  # steps in a row the loss has stalled at the unigram level
         self.first_gains: list[float] = []  # every update gain measured in the phase (its first gain_steps)
         self.cut_level: float | None = None  # the loss where the LR was last found too high (kept across rollbacks)
+        # the LR multiplier a replay after a cut measured sound (its first gains' median at SOUND_GAIN or more)
+        self.sound_at: float | None = None
 
     def observe(self, m: StepMetrics) -> Finding | None:
         if not math.isfinite(m.loss):
@@ -144,6 +153,7 @@ class AboveStart(Monitor):
         super().load_state_dict(state)
         self.fired = fired or bool(state.get("fired"))
         self.cut_level = cut_level if cut_level is not None else state.get("cut_level")
+        self.sound_at = state.get("sound_at")  # measured on the replay since the checkpoint, or to be measured again
         self.data_read = data_read or bool(state.get("data_read"))
         if len(self.jumped) != len(self.gains):  # a checkpoint from before the jumps were kept
             self.jumped = [None] * len(self.gains)
@@ -183,7 +193,9 @@ class AboveStart(Monitor):
         # read medians 0.43 and 0.40 over steps 1-7 (seeds 1, 2; seed 2 was cut x0.316) and 0.64 over 1-15 (at
         # 10x, cut x0.1 as its loss rose above its start by step 4, the replay was halved to 0.5x for it)
         if gain is None or gain >= self.cfg.min_gain or not self._young():
-            return None if not last else self._short_of_sound(m) if self.fired else self._jumps_found(m)
+            return (
+                None if not last else self._short_of_sound(m) if self.fired else self._jumps_found(m) or self._uneven(m)
+            )
         rest = [g for g, j in zip(self.gains, self.jumped) if j is None]
         jumped = self._low([j for j in self.jumped if j is not None])
         data = self._blamable(jumped, m) and len(rest) >= MIN_REST and _mid(rest) >= self.cfg.min_gain
@@ -223,7 +235,10 @@ class AboveStart(Monitor):
         over min_gain and the gradient norm does not die away: debug-mod at 20x, cut to 2x, gains 0.67
         (sound: 0.75-0.8), ended 4.22 against 3.98 clean (150 steps). Halved (too_high.py NEAR_SOUND)."""
         gain = _mid(self.first_gains)
-        if gain is None or len(self.first_gains) < self.cfg.gain_window or gain >= SOUND_GAIN or not self._young():
+        if gain is None or len(self.first_gains) < self.cfg.gain_window or not self._young():
+            return None
+        if gain >= SOUND_GAIN:  # the cut LR measured sound: the collapse leaves it be (_collapsed)
+            self.sound_at = m.lr_scale
             return None
         n = len(self.first_gains)
         evidence = {"loss": m.loss, "start": self.start, "gain": gain, "min_gain": self.cfg.min_gain}
@@ -235,6 +250,31 @@ class AboveStart(Monitor):
             f"after a cut of an LR far too high, the updates delivered {gain:.2f} of the loss decrease their "
             f"gradient promised (median of the phase's {n} measured steps, under the {SOUND_GAIN:g} of a sound LR)",
             0.7,
+        )
+
+    def _uneven(self, m: StepMetrics) -> Finding | None:
+        """At the phase's last measured step, no finding yet: the lower quartile of its measured gains under
+        LOW_QUARTILE, the steps whose loss jumped back up and that delivered less than the median left out
+        (garbage's own, _low). An LR a few times too high overshoots on a quarter of its steps or more where the
+        7-step medians may pass min_gain (debug at 10x, bad_rows@10:4: quartiles 0.21-0.34, medians 0.38-0.41); a
+        sound LR's lone low gains stay under a quarter (quartiles 0.59-0.71). Cut as a small overshoot is."""
+        gains = list(self.first_gains)
+        for j in self._low(self.early_jumps):
+            if j["gain"] in gains:
+                gains.remove(j["gain"])
+        gains.sort()
+        if len(gains) < self.cfg.gain_window or gains[len(gains) // 4] >= LOW_QUARTILE or not self._young():
+            return None
+        quartile, n = gains[len(gains) // 4], len(gains)
+        evidence = {"loss": m.loss, "start": self.start, "gain": _mid(gains), "min_gain": self.cfg.min_gain}
+        evidence |= {"quartile": quartile, "low_quartile": LOW_QUARTILE, "gain_window": n, "since": self._since(m)}
+        self.gains, self.jumped, self.over, self.grads, self.fired, self.cut_level = [], [], [], [], True, m.loss
+        return self.finding(
+            m,
+            evidence,
+            f"the updates delivered {quartile:.2f} of the loss decrease their gradient promised or less on a quarter "
+            f"of the phase's {n} measured steps (lower quartile, under {LOW_QUARTILE:g}): they overshoot",
+            0.65,
         )
 
     def _jumps_found(self, m: StepMetrics) -> Finding | None:
@@ -431,6 +471,13 @@ class AboveStart(Monitor):
         level = self._medians()
         return self.cut_level is None or level is None or level[1] < FELL * self.cut_level
 
+    def _measured_sound(self, m: StepMetrics) -> bool:
+        """Whether the replay after the last cut measured this LR sound (_short_of_sound: its first gains' median
+        at SOUND_GAIN or more) and it was not raised since (a give-back): a gradient that dies away at it is the
+        data's or the model's, and the LR answered the gain as a sound one does (a sound LR's gradient norm dips
+        after the first steps too: debug 0.97 over steps 1-10, 0.51 over 11-20)."""
+        return self.sound_at is not None and m.lr_scale <= self.sound_at * (1 + 1e-6)
+
     def _collapsed(self, m: StepMetrics, line: float) -> Finding | None:
         """After a finding: the gradient norm's last `window` steps against its first `window`,
         the last judged only once they all follow the phase's first gain_steps (the gain judges
@@ -444,7 +491,7 @@ class AboveStart(Monitor):
         grads = self.grads + [m.grad_norm]
         self.grads = grads[:window] + grads[window:][-window:]  # the first window and the last
         judged = self.first_step is None or m.step - self.first_step >= self.cfg.gain_steps + window
-        if len(self.grads) < 2 * window or not judged:
+        if len(self.grads) < 2 * window or not judged or self._measured_sound(m):
             return None
         warm, now = _mid(self.grads[:window]), _mid(self.grads[window:])
         if now >= self.cfg.collapse * warm or not self._stalled() or not self._cut_helped():
@@ -462,7 +509,8 @@ class AboveStart(Monitor):
                 "collapse": self.cfg.collapse,
                 "window": window,
                 "since": self._since(m),
-            },
+            }
+            | ({} if self.sound_at is None else {"sound_at": self.sound_at}),
             f"gradient norm {now:.3f} (median of {window} steps) under {self.cfg.collapse:g}x the {warm:.3f} "
             "of the steps after the LR was cut for being far too high",
             0.75,
