@@ -223,7 +223,8 @@ def test_weights_wrecked_early_in_a_phase_are_an_lr_far_too_high():
     assert [p.action for p in plans] == ["skip_step", "skip_step", "rollback"]
     assert plans[-1].params == {"to": "last_good", "skip_rows": [], "lr_factor": 0.1}
     assert "worse than its untouched ones (6.216)" in plans[-1].reasoning
-    assert "never to be given back" in plans[-1].reasoning and policy.lr_debt == 1.0
+    # owed part way, as above_start's cuts (a young model's held-out score on text unlike its rows rises too)
+    assert "never past the midpoint" in plans[-1].reasoning and policy.lr_debt == pytest.approx(0.1)
     # the rows of the stretch after such a cut are the model's doing, not bad data: the LR comes down
     policy.shift(6)
     policy.probe_baseline = 5.0

@@ -38,7 +38,7 @@ from trimtab.orchestrator.monitors import Finding
 from trimtab.orchestrator.raised import PersonRaise
 from trimtab.orchestrator.remedies import GAVE_UP, Remedy, lr_cut
 from trimtab.orchestrator.spikes import EarlySpikes
-from trimtab.orchestrator.too_high import TooHighLR
+from trimtab.orchestrator.too_high import OWED, TooHighLR
 
 
 @dataclass
@@ -307,8 +307,10 @@ class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis, GiveBack, Pers
             self._rolled_back(step, target, broken=broken is not None)
             if cut is not None:
                 self.lr_too_high_at = step
-                if not high:  # a recurrence may be the replayed data's: given back once quiet, on probation
-                    self._owe(cut, lr_scale)
+                # given back once quiet, on probation: a recurrence may be the replayed data's, and weights
+                # early in a phase worse than its untouched ones may be a young model's score on held-out text
+                # unlike its training rows, not an LR far too high: owed part way, as above_start's (too_high.py)
+                self._owe(cut, lr_scale, ceiling=lr_scale * math.sqrt(cut) if high else math.inf)
 
         return Remedy(action="rollback", params=params, reasoning=why, evidence=evidence, commit=commit)
 
@@ -394,9 +396,7 @@ class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis, GiveBack, Pers
                 "the same steps at this LR break them, so the LR is too high"
             )
         if cut is not None:
-            kept = (
-                "never to be given back" if high else "given back only after orchestrator.lr_restore_after quiet steps"
-            )
+            kept = OWED if high else "given back only after orchestrator.lr_restore_after quiet steps"
             why += f": cut it x{cut:.3g} with the rollback, {kept}"
         elif again or high:
             why += f", but it is at its floor (orchestrator.min_lr_scale={self.cfg.min_lr_scale:g}): lower optim.lr"
