@@ -37,6 +37,14 @@ EMERGENCIES = ("instability", "replicas")
 HELD_FOR_REPLAY = ("rerun",)
 
 
+def _gated_rows(decision: Decision) -> bool:
+    """The row gate's rows left out of the data (outliers.py gate_finding): out of their step's update already,
+    they change nothing a rollback restores, and go with an emergency. Held back, the replay met them again and
+    gated them again (debug at 10x the LR, bad_rows@10:4: the 8 rows gated at the rollback's step 12 journaled
+    in 3 decisions over two rollbacks, 8 + 8 + 4 rows)."""
+    return decision.rule == "row_gate" and decision.action == "skip_data"
+
+
 class Deciding:
     """The Orchestrator's decisions (it holds the state named here)."""
 
@@ -134,7 +142,7 @@ class Deciding:
         stopping. Until the loop applies it, not only at its own step: a read of several steps (read_every)
         decides the later steps' findings in the same hook call. Advice and notes do not wait."""
         emergency = self.emergency
-        if emergency is None or decision.mode != "auto":
+        if emergency is None or decision.mode != "auto" or _gated_rows(decision):
             return None
         return None if decision.action in WITH_EMERGENCY else emergency
 

@@ -426,13 +426,15 @@ def all_gated(gated: Finding, m: StepMetrics, findings: list[Finding]) -> list[F
 
 def left_out_once(gated: Finding, journal: Any) -> Finding | None:
     """The row gate's finding less the rows another applied decision of its step leaves out already
-    (a loss spike's, ladder.py: its update withheld, its outlier rows left out), noted in that
-    decision's evidence, so that no row is left out twice; None when none is left."""
+    (a loss spike's, ladder.py: its update withheld, its outlier rows left out; a rollback's skip_rows,
+    which the gate's rows go with: deciding.py _gated_rows), noted in that decision's evidence, so
+    that no row is left out twice; None when none is left."""
     rows, named = gated.evidence["rows"], {}
     for d in reversed(journal.decisions):
         if d.step < gated.step:
             break
-        taken = sorted(set(d.params.get("rows") or ()) & set(rows)) if d.action == "skip_data" else []
+        key = {"skip_data": "rows", "rollback": "skip_rows"}.get(d.action)
+        taken = sorted(set(d.params.get(key) or ()) & set(rows)) if key else []
         if d.step == gated.step and d.mode == "auto" and taken:
             d.evidence["row_gate"] = {"rows": taken, "summary": gated.summary}
             named.update(dict.fromkeys(taken, d.id))
