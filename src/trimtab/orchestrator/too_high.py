@@ -282,13 +282,6 @@ def _overshoot_why(f: Finding) -> str:
             f"delivered {ev['gain']:.2f} of the loss decrease their gradient promised on their own batch (median; "
             f"under the {ev['sound_gain']:g} a sound LR reaches, where twice it reads 0.67): it is still too high"
         )
-    if "quartile" in ev:  # the median passed min_gain, a quarter of the steps did not
-        return (
-            f"over this phase's first {ev['gain_window']} measured steps the updates delivered {ev['gain']:.2f} of "
-            "the loss decrease their gradient promised on their own batch (median), but a quarter of them "
-            f"{ev['quartile']:.2f} or less (lower quartile; under {ev['low_quartile']:g}, where a sound LR's lone "
-            "low steps stay fewer): they overshoot"
-        )
     return (
         f"over this phase's first steps the updates delivered {ev['gain']:.2f} of the loss decrease their "
         f"gradient promised on their own batch (median of {ev['gain_window']} steps; under {ev['min_gain']:g}, "

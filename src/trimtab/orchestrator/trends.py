@@ -29,13 +29,6 @@ SOUND_GAIN = 0.72
 # on some steps even where its median looks sound (debug at 3x, steps 1-15, seeds 0, 1, 1234: medians 0.53-0.74,
 # lower quartiles 0.35-0.51, gains down to -1.35; at its LR 0.64-0.83; real text at its LR 0.71-0.83)
 STEADY_GAIN = 0.6
-# The lower quartile of the phase's first gains (garbage's jumped steps left out) under which the updates
-# overshoot on too many steps, whatever their median (the last stop's debug at 10x, bad_rows@10:4, seed 1234: median
-# 0.46, kept 10x, 4.893 against 4.327). Steps 1-15 at the presets' LR (debug, debug-moe, debug-hybrid, seeds 0-3,
-# and debug with bad_rows@10:4, seeds 0, 1234): 0.59-0.71, a lone step down to -0.29; debug at 10x with
-# bad_rows, seeds 1, 2, 1234: 0.21-0.34 (their medians 0.38-0.41); at 3x, seeds 0-3: 0.33, 0.34, 0.46, 0.44 (seeds
-# 2-3 drew no rule, seed 2 ended 4.593 where seeds 0-1, cut, ended 4.311, 4.127; 80 steps)
-LOW_QUARTILE = 0.5
 # A loss under this share of a finding's level has fallen since: a new finding on the same ground needs it
 FELL = 0.98
 
@@ -193,9 +186,7 @@ class AboveStart(Monitor):
         # read medians 0.43 and 0.40 over steps 1-7 (seeds 1, 2; seed 2 was cut x0.316) and 0.64 over 1-15 (at
         # 10x, cut x0.1 as its loss rose above its start by step 4, the replay was halved to 0.5x for it)
         if gain is None or gain >= self.cfg.min_gain or not self._young():
-            return (
-                None if not last else self._short_of_sound(m) if self.fired else self._jumps_found(m) or self._uneven(m)
-            )
+            return None if not last else self._short_of_sound(m) if self.fired else self._jumps_found(m)
         rest = [g for g, j in zip(self.gains, self.jumped) if j is None]
         jumped = self._low([j for j in self.jumped if j is not None])
         data = self._blamable(jumped, m) and len(rest) >= MIN_REST and _mid(rest) >= self.cfg.min_gain
@@ -250,31 +241,6 @@ class AboveStart(Monitor):
             f"after a cut of an LR far too high, the updates delivered {gain:.2f} of the loss decrease their "
             f"gradient promised (median of the phase's {n} measured steps, under the {SOUND_GAIN:g} of a sound LR)",
             0.7,
-        )
-
-    def _uneven(self, m: StepMetrics) -> Finding | None:
-        """At the phase's last measured step, no finding yet: the lower quartile of its measured gains under
-        LOW_QUARTILE, the steps whose loss jumped back up and that delivered less than the median left out
-        (garbage's own, _low). An LR a few times too high overshoots on a quarter of its steps or more where the
-        7-step medians may pass min_gain (debug at 10x, bad_rows@10:4: quartiles 0.21-0.34, medians 0.38-0.41); a
-        sound LR's lone low gains stay under a quarter (quartiles 0.59-0.71). Cut as a small overshoot is."""
-        gains = list(self.first_gains)
-        for j in self._low(self.early_jumps):
-            if j["gain"] in gains:
-                gains.remove(j["gain"])
-        gains.sort()
-        if len(gains) < self.cfg.gain_window or gains[len(gains) // 4] >= LOW_QUARTILE or not self._young():
-            return None
-        quartile, n = gains[len(gains) // 4], len(gains)
-        evidence = {"loss": m.loss, "start": self.start, "gain": _mid(gains), "min_gain": self.cfg.min_gain}
-        evidence |= {"quartile": quartile, "low_quartile": LOW_QUARTILE, "gain_window": n, "since": self._since(m)}
-        self.gains, self.jumped, self.over, self.grads, self.fired, self.cut_level = [], [], [], [], True, m.loss
-        return self.finding(
-            m,
-            evidence,
-            f"the updates delivered {quartile:.2f} of the loss decrease their gradient promised or less on a quarter "
-            f"of the phase's {n} measured steps (lower quartile, under {LOW_QUARTILE:g}): they overshoot",
-            0.65,
         )
 
     def _jumps_found(self, m: StepMetrics) -> Finding | None:
