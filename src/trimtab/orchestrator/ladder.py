@@ -260,14 +260,7 @@ class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis, GiveBack, Pers
         scored = broken is None and not suspect
         rows, evidence = self._score_incident(view) if scored else ([], {})
         params: dict[str, Any] = {"to": "last_good", "skip_rows": rows}
-        # The last rollback restored this same checkpoint and the trouble came back before the replay
-        # saved a newer good one: the checkpoint itself holds the update that broke the run (a spike
-        # shows on the step after the update that caused it, and the checkpoint was written between
-        # them). Go one checkpoint further back.
-        # (Broken weights found by the probe have their own answer to a recurrence: the LR cut below.)
-        earlier = (
-            broken is None and self.last_rollback_to == view.last_good >= 1 and view.has_checkpoint(view.last_good - 1)
-        )
+        earlier = broken is None and self._checkpoint_broke(view)
         if earlier:
             params["to"] = view.last_good - 1
         target = view.last_good - 1 if earlier else view.last_good
@@ -313,6 +306,13 @@ class InstabilityLadder(EarlySpikes, TooHighLR, HeldOutDiagnosis, GiveBack, Pers
                 self._owe(cut, lr_scale, ceiling=lr_scale * math.sqrt(cut) if high else math.inf)
 
         return Remedy(action="rollback", params=params, reasoning=why, evidence=evidence, commit=commit)
+
+    def _checkpoint_broke(self, view: Any) -> bool:
+        """The last rollback restored this same checkpoint and the trouble came back before the replay saved a
+        newer good one: the checkpoint itself holds the update that broke the run (a spike shows on the step
+        after the update that caused it, and the checkpoint was written between them); go one further back.
+        (Broken weights found by the probe have their own answer to a recurrence: the LR cut, _rollback.)"""
+        return self.last_rollback_to == view.last_good >= 1 and view.has_checkpoint(view.last_good - 1)
 
     def _same_replay(self, view: Any, target: int, rows: list[int]) -> dict[str, Any] | None:
         """A rollback to `target` that would replay exactly what failed: every update since it was
