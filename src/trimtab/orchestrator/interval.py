@@ -43,6 +43,10 @@ The interval is rounded to the nearest power of two steps (in log2): the save st
 so twin runs set 21 and 22 steps and kept different checkpoints (their losses the same, but a
 later rollback restores different steps); a power of two moves only where stall x MTBF changes
 4x, and costs at most 1.06x the optimum's overhead (stall / T + T / 2M at T = Young's x or / sqrt 2).
+
+A person's interval (`trimtab ctl RUN checkpoint-every N`) takes checkpoint.every's place as the
+bound: the rule never lengthens past it, nor moves it to the configured one. Before, the save after
+a person set 3 (debug, checkpoint.every 4) set it back to 4, one step later.
 """
 
 from __future__ import annotations
@@ -95,6 +99,12 @@ class CheckpointInterval:
         self.latest: int | None = None  # the latest rollback's decision, until its outcome is judged
         self.trained = 0  # steps timed, replays included
         self.shortened_at = -1  # `trained` at its latest shortening: lengthened no sooner than an interval after
+        self.person: int | None = None  # a person's interval (ctl checkpoint-every): the bound instead of the config's
+
+    def person_set(self, steps: int) -> None:
+        """A person set the interval to `steps`: the bound from now on (module docstring), their choice."""
+        self.person = steps
+        self.shortened_at = -1
 
     def rolled_back(self, replayed: int, decision: int | None = None) -> None:
         """A rollback (orchestrator decision `decision`) threw away `replayed` steps: a failure,
@@ -140,6 +150,7 @@ class CheckpointInterval:
             self.steps.add(s)
             self.trained_s += s
         self.trained += len(seconds)
+        configured = self.person or configured
         # once rollbacks count, judged at each rollback only: one rollback's rate falls with every second
         # trained, and judged at each save the interval crept back a step at a time (debug, weights_nan@15,
         # checkpoint.every 8: set to 2, 3, then 4 steps, three decisions in 10 steps)
@@ -209,6 +220,7 @@ class CheckpointInterval:
             "latest": self.latest,
             "shortened_at": self.shortened_at,
             "trained": self.trained,
+            "person": self.person,
         }
         return {"trained_s": self.trained_s, "rollbacks": self.rollbacks, "replayed": self.replayed, **kept}
 
@@ -217,6 +229,7 @@ class CheckpointInterval:
         # checkpoints written before healed rollbacks were told apart hold neither: all their rollbacks count
         self.healed, self.latest = state.get("healed", 0), state.get("latest")
         self.shortened_at, self.trained = state.get("shortened_at", -1), state.get("trained", 0)
+        self.person = state.get("person")
 
 
 def power_of_two(steps: float, configured: int) -> int:

@@ -36,6 +36,7 @@ class PersonCommands:
     lost_commands: list[dict[str, Any]]  # a person's settings a resume lost, to apply again at their steps
     _applied: Callable[..., None]  # what Control did with a decision (deciding.py)
     policy: Any  # policy.py Policy: a person's LR raise is its to undo (raised.py)
+    interval: Any  # interval.py CheckpointInterval or None: a person's checkpoint interval is its bound
 
     def _configured(self, run: RunView, change: dict[str, Any]) -> None:
         """A person's configuration change found on resume (a phase's length, any other key the
@@ -244,6 +245,8 @@ class PersonCommands:
             self._applied(decision, line, run, name)
             if factor is not None:
                 self.policy.person_raised(decision.step, factor, f"trimtab ctl {decision.summary}")
+            if decision.action == "set_checkpoint_every" and self.interval is not None:
+                self.interval.person_set(decision.params["steps"])
             said = decision.console_line()
         else:
             error, asked = line.removeprefix("failed: "), decision.summary
