@@ -427,7 +427,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="trimtab: %(message)s")
+    # trimtab's own lines at INFO, other libraries' at WARNING: with the root at INFO, botocore said
+    # "trimtab: Found credentials in environment variables." 3 times a run with checkpoint.dir s3://
+    logging.basicConfig(level=logging.WARNING, format="trimtab: %(message)s")
+    logging.getLogger("trimtab").setLevel(logging.INFO)
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
