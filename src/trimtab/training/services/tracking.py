@@ -38,6 +38,7 @@ def tracking_hooks(log_cfg: LogConfig, run_dir: Path) -> list[Hook]:
         quiet_tensorboard_writer()
     if log_cfg.mlflow.enabled:
         _require("mlflow", "log.mlflow.enabled")
+        _check_file_store(log_cfg.mlflow.uri)
         hooks.append(MlflowTracker(log_cfg.mlflow, run_dir))
     if log_cfg.wandb.enabled:
         _require("wandb", "log.wandb.enabled")
@@ -69,6 +70,24 @@ def quiet_tensorboard_writer() -> None:
 def _require(module: str, key: str) -> None:
     if not installed(module):
         raise ConfigError(f"{key} is true but {module} is not installed; {install_command(module)}, or set {key}=false")
+
+
+def _check_file_store(uri: str) -> None:
+    """MLflow 3's file store (`file:/path`) refuses to open unless MLFLOW_ALLOW_FILE_STORE is set: the
+    tracker's start failed with a warning and the run trained untracked (debug, log.mlflow.uri=file:/tmp/x,
+    mlflow 3.18). Refused here, before training, as a URI that cannot work is (config/log.py)."""
+    if not uri.startswith("file:"):
+        return
+    import mlflow
+    from mlflow import environment_variables
+
+    allow = getattr(environment_variables, "MLFLOW_ALLOW_FILE_STORE", None)  # absent: a version that opens it
+    if allow is not None and not allow.get():
+        raise ConfigError(
+            f"log.mlflow.uri: {uri} is MLflow's file store, which mlflow {mlflow.__version__} no longer opens by "
+            "default; use sqlite:///PATH/mlflow.db (or leave log.mlflow.uri empty: a SQLite file beside the run "
+            "directories), or export MLFLOW_ALLOW_FILE_STORE=true to use the file store anyway"
+        )
 
 
 def flat_config(cfg: dict[str, Any], prefix: str = "") -> dict[str, str]:
