@@ -55,6 +55,11 @@ WAIT_WARN_S = 5.0  # training held this long by the upload before it is said (a 
 # rewrites (a lengthened run, a changed setting); uploaded only while run/ lacked it, the store kept the
 # first session's (or a damaged copy), which a fresh machine, eval, export and generate then read
 UPDATED = (*RECORD_FILES, "config.yaml")
+# after each checkpoint, all but the ledger's step mark: copied at the checkpoint's commit it names that
+# step, so a session lost later read, restored on a fresh machine, as ended there exactly (debug, kill -9
+# at step 10, store's newest step 8: "at step 8 ... 0 steps lost", step_exact true); without it the steps
+# lost are the lower bound docs/resilience.md says. The end's upload, the session closed, has it.
+AT_CHECKPOINT = tuple(name for name in UPDATED if name != STEP_FILE)
 
 
 def open_store(cfg: RunConfig) -> Remote | None:
@@ -329,7 +334,7 @@ class RemoteCheckpoints(Hook):
             held = tuple(name for name in RUN_FILES if (self.run_dir / name).is_file())
             self.remote.put_run_files(self.run_dir, self.remote.lacks(held))  # the first, or the store lost them
             self.remote.upload(links)
-            self.remote.put_run_files(records, UPDATED)  # after the checkpoint they lead up to
+            self.remote.put_run_files(records, AT_CHECKPOINT)  # after the checkpoint they lead up to
             self._retain()
             self._current = True
         except Exception as exc:  # a network or store failure: the local checkpoint stands
@@ -377,11 +382,11 @@ def _link(source: Path, target: Path) -> Path:
 
 
 def _copy_records(run_dir: Path, target: Path) -> Path:
-    """`target` holding copies of the run's record files and config.yaml (UPDATED) as they are now:
-    they are appended to and rewritten in place while the upload reads them."""
+    """`target` holding copies of the run's record files and config.yaml (AT_CHECKPOINT) as they are
+    now: they are appended to and rewritten in place while the upload reads them."""
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
-    for name in UPDATED:
+    for name in AT_CHECKPOINT:
         if (run_dir / name).is_file():
             shutil.copy2(run_dir / name, target / name)
     return target
