@@ -202,14 +202,16 @@ def load_run_at(
     with model.rope_scaling to score a longer context)."""
     run_dir = local_run(run_dir, "the run directory")  # a run in object storage: fetched into the cache
     if hf.is_hf_dir(run_dir):
-        if sets:
+        # data.* say how a file is read (eval --data's text_field, format), not the model: kept
+        if model_sets := [item for item in sets if not item.startswith("data.")]:
             raise ConfigError(
-                f"--set {sets[0]}: '{run_dir}' is a Hugging Face model directory, whose config.json sets the "
+                f"--set {model_sets[0]}: '{run_dir}' is a Hugging Face model directory, whose config.json sets the "
                 "model; --set changes a trimtab run directory's config.yaml: drop it, or edit config.json"
             )
         model, _ = hf.import_model(run_dir)
         seq_len = min(DataConfig().seq_len, model.cfg.max_seq_len)  # a valid config to write out (merge)
         cfg = resolve({"model": asdict(model.cfg), "out": str(run_dir), "data": {"seq_len": seq_len}})
+        cfg = derive(cfg, set_changes(sets)) if sets else cfg
         return cfg, model, hf.load_tokenizer(run_dir), None
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(

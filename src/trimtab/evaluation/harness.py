@@ -69,7 +69,7 @@ def evaluate(
     if data and is_prepared(data):  # its rows, as training cuts them (evaluation/held_out.py)
         results["prepared"] = {"directory": str(data), **prepared_figures(data, cfg, model, tok, split)}
     elif data:
-        results["data"] = {"file": str(data), **score_text(model, tok, read_texts(data), stride, batch_size)}
+        results["data"] = {"file": str(data), **score_text(model, tok, read_texts(data, cfg.data), stride, batch_size)}
     if held_out:
         if step is None:
             raise ConfigError(

@@ -5,13 +5,15 @@ bits per byte  total NLL / (ln 2 * UTF-8 bytes): comparable across tokenizers (G
                2020, The Pile, section 3.1; lm-evaluation-harness's bits_per_byte)
 
 The file is read as training reads a source file (data/sources.py): plain text (one document, a
-BOM dropped), JSONL and tables (each record's `text` a document), gzip / zstd compressed; a pipe
-(`--data <(...)`) is plain text. Each document is scored from the start token, as training sees it.
+BOM dropped), JSONL and tables (each record's data.text_field a document: the run's own), gzip /
+zstd compressed; a pipe (`--data <(...)`) is plain text. Each document is scored from the start
+token, as training sees it.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +25,11 @@ from trimtab.evaluation.scoring import continuation_scores, rolling_windows
 from trimtab.model import Transformer
 
 
-def read_texts(path: str | Path) -> list[str]:
-    """The file's documents' texts; DataError naming it when missing, a directory, empty, not
-    UTF-8 text, a damaged archive or table, or chat records (not text to score)."""
+def read_texts(path: str | Path, data: DataConfig | None = None) -> list[str]:
+    """The file's documents' texts, read by `data`'s format, text_field and skip_bad_records (the
+    run's data section: a run trained on JSONL whose text is under another field scores that file);
+    DataError naming it when missing, a directory, empty, not UTF-8 text, a damaged archive or
+    table, or chat records (not text to score)."""
     path = Path(path)
     if path.is_dir():
         raise DataError(
@@ -34,15 +38,16 @@ def read_texts(path: str | Path) -> list[str]:
         )
     if not path.exists():
         raise DataError(f"--data '{path}' does not exist; pass a text, JSONL, Parquet, Arrow or CSV file")
-    texts = _documents(path) if path.is_file() else [_pipe(path)]
+    texts = _documents(path, data or DataConfig()) if path.is_file() else [_pipe(path)]
     if not any(text.strip() for text in texts):
         raise DataError(f"--data '{path}' is empty; pass a file with text")
     return texts
 
 
-def _documents(path: Path) -> list[str]:
-    """A file's documents through training's reader (data.text_field `text`)."""
-    reader = _Reader(DataConfig(max_bytes=0), "data", "--data", fix="remove it from the file")
+def _documents(path: Path, data: DataConfig) -> list[str]:
+    """A file's documents through training's reader, the whole file (no data.max_bytes cap)."""
+    fix = "remove it from the file, or --set data.skip_bad_records=true"
+    reader = _Reader(replace(data, max_bytes=0), "data", "--data", fix=fix)
     texts = []
     for doc in reader.documents(str(path)):
         if len(doc.segments) > 1 or not doc.segments[0][1]:  # a prompt not to learn: not text to score
