@@ -65,6 +65,7 @@ def train_or_raise(config: RunConfig, hooks: list = ()) -> dict:
     StartUpInterrupted, whose message says why, instead of returning a summary."""
     # A signal from here to the first step ends start-up cleanly (training/services/signals.py).
     check_out(config.run_dir)
+    _check_out_is_no_input(config)
     lengths = fixed_lengths(config)
     before, session = _entries_before(config.run_dir), _Session()
     made = not config.run_dir.exists()  # a folder that was there, even empty, is the user's: it stays
@@ -90,6 +91,32 @@ def train_or_raise(config: RunConfig, hooks: list = ()) -> dict:
             _discard_refused(config.run_dir, before, made)
         raise
     return summary
+
+
+def _check_out_is_no_input(config: RunConfig) -> None:
+    """Refuse an --out that is a Hugging Face model directory (the run trained from scratch beside
+    its weights, never reading them, and transformers then loaded the stale export from it), or a
+    data source directory (every resume read the run's own config.yaml, metrics.jsonl and
+    checkpoints as text: a DataError on metrics.jsonl's records, the run could not go on)."""
+    out = config.run_dir.resolve()
+    if hf.is_hf_dir(out):
+        raise ConfigError(
+            f"out '{config.run_dir}' is a Hugging Face model directory (config.json, no config.yaml): a run there "
+            f"would not start from its weights; to train from them: --set train.init_from={config.run_dir} with a "
+            "new --out"
+        )
+    named = [("data", config.data), ("finetune.data", config.finetune.data)]
+    for section, data in named:
+        keyed = [(f"{section}.source", part.source) for part in data.sources]
+        if data.mix:
+            keyed = [(f"{section}.mix[{i}].source", part.source) for i, part in enumerate(data.sources)]
+        for key, value in [*keyed, (f"{section}.eval_source", data.eval_source)]:
+            for source in [value] if isinstance(value, str) else value:
+                if source and "://" not in source and Path(source).is_dir() and Path(source).resolve() == out:
+                    raise ConfigError(
+                        f"out '{config.run_dir}' is {key} '{source}': the run's own files (checkpoints, "
+                        "metrics.jsonl) would be read as text when it resumes; give --out another directory"
+                    )
 
 
 def _check_faults(hooks: list, built: BuiltRun) -> None:
