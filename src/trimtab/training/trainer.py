@@ -27,6 +27,7 @@ from trimtab.rl.replay import replaying
 from trimtab.rl.step import PolicyMicroBatch, RolloutBatch
 from trimtab.training.checkpointing import Checkpointing
 from trimtab.training.control import Control
+from trimtab.training.emergency import lost_words, peer_lost
 from trimtab.training.gain import GainProbe
 from trimtab.training.hooks import ConsoleLogger, Hook, JsonlLogger, TensorBoardLogger, call_sealed
 from trimtab.training.instrument import FaultHandle, Instrument
@@ -51,6 +52,8 @@ log = logging.getLogger(__name__)
 
 
 class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
+    _lost_after_update: RuntimeError | None = None  # a peer lost in the gain probe, after the update (_update_gain)
+
     def __init__(self, run: BuiltRun, hooks: list[Hook] = ()):
         cfg = self.cfg = run.cfg
         self.dist, self.device, self.precision = run.dist, run.dist.device, run.precision
@@ -221,7 +224,7 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
         self.update_begins()  # from here the weights are no completed step's: no emergency save
         gain = self._gain_probe(batch)
         overflow = self._update(skip)
-        update_gain = gain.after(batch, grads.loss, grads.rows) if gain is not None else None
+        update_gain = self._update_gain(gain, batch, grads)
         self.optimizer.zero_grad(set_to_none=True)
         for _, layer in self.model.moe_layers():
             layer.update_bias(skip)  # aux-loss-free balancing: once per optimizer step, withheld with it
@@ -385,6 +388,21 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
         probe.before()
         return probe
 
+    def _update_gain(self, gain: GainProbe | None, batch: StepBatch, grads: Gradients) -> torch.Tensor | None:
+        """The gain probe's measure after the update (its scoring forward ends in an all-reduce). A peer lost
+        there leaves this rank's update whole: the step completes unmeasured and _after_step raises the loss
+        once the step is marked complete, so a survivor saves it (before: refused as "the optimizer's update had
+        begun"; 2 ranks, kill -9 of rank 1 in step 15, within above_start's gain_steps: resumed at step 10)."""
+        if gain is None:
+            return None
+        try:
+            return gain.after(batch, grads.loss, grads.rows)
+        except RuntimeError as exc:
+            if not peer_lost(exc):
+                raise
+            self.peer_lost_as, self._lost_after_update = lost_words(exc), exc  # a SIGTERM meanwhile names it
+            return None
+
     def _update(self, skip: torch.Tensor | None) -> torch.Tensor | None:
         """The optimizer step, withheld where `skip` is true; returns the fp16 overflow flag."""
         if self.scaler:
@@ -422,6 +440,9 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
         self.window.tokens += out.batch.n_tokens
         self.window.seconds += out.seconds
         self.mark_step_start()  # the step just updated, complete: what an emergency save in its hooks writes
+        lost, self._lost_after_update = self._lost_after_update, None
+        if lost is not None:  # in the gain probe after the update (_update_gain): this step is the one to save
+            raise lost
         self._call("on_step_end", out)
         if self.state.step % self.cfg.train.log_every == 0 or self.state.step == self.total_steps:
             metrics = step_metrics(self, out.lr)
