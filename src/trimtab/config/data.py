@@ -97,6 +97,8 @@ class DataConfig(Section):
         )
         _check(0.0 <= self.eval_fraction < 0.5, "data.eval_fraction", "must be in [0, 0.5)")
         _check(self.max_bytes >= 0, "data.max_bytes", "must be >= 0")
+        # an empty key matched no record's field: every JSONL record then failed as "no '' key"
+        _check(bool(self.text_field.strip()), "data.text_field", "must name the records' text field (default: text)")
         _check(self.garbage_filter in ("off", "warn", "drop"), "data.garbage_filter", "must be one of off, warn, drop")
         _check(self.garbage_sigma > 0, "data.garbage_sigma", f"must be > 0, got {self.garbage_sigma}")
         # an empty name is the current directory to the file listing: `--set data.source=$DATA` with

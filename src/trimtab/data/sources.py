@@ -108,10 +108,11 @@ def _say_skipped(reader: _Reader, key: str, source: str | list[str], section: st
     if reader.n_skipped:
         more = ", ..." if reader.n_skipped > len(reader.skipped_where) else ""
         logger.warning(
-            "%s '%s': skipped %d malformed records (%s.skip_bad_records=true; the first: %s%s)",
+            "%s '%s': skipped %d malformed %s (%s.skip_bad_records=true; the first: %s%s)",
             key,
             source,
             reader.n_skipped,
+            "record" if reader.n_skipped == 1 else "records",
             section,
             ", ".join(reader.skipped_where),
             more,
