@@ -27,3 +27,19 @@ def test_a_peer_lost_while_a_background_save_is_written_names_the_newest_finishe
     assert said.endswith(
         "the restart resumes from the last finished checkpoint, step 0 (step 3's, written in the background, is not)"
     )
+
+
+def test_a_survivor_whose_torchrun_has_no_restart_left_says_the_same_command_resumes(monkeypatch):
+    """torchrun's workers know their restart count and bound: where they are spent, torchrun restarts nothing
+    (a survivor said it would: 'Two kills with --max-restarts 1')."""
+    from trimtab.training.emergency import next_words
+
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    assert next_words("step 8").startswith("torchrun restarts the job from step 8 (--max-restarts)")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert next_words("step 8").startswith("torchrun restarts the job")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert next_words("step 8") == (
+        "torchrun has no restart left (--max-restarts 1, all used): the same command resumes from step 8"
+    )

@@ -116,14 +116,14 @@ def _peer_lost_exit(exc: RuntimeError, run_dir: Path | None) -> int:
     traceback, which says nothing a person acts on, and a failing exit status for torchrun to restart on. No line
     where this survivor claimed the lost step and said its line (the emergency save's, or why none): a second
     line for the same loss only repeated it."""
-    from trimtab.training.emergency import NEXT, SAID, lost_words
+    from trimtab.training.emergency import SAID, lost_words, next_words
 
     if getattr(exc, SAID, False):
         return PEER_LOST_EXIT
     saved = f"the newest checkpoint is step {newest_step(run_dir)}" if run_dir is not None else "nothing was saved"
     print(
         f"trimtab: rank {os.environ.get('RANK', '0')}: ended, a peer was lost ({lost_words(exc)}); {saved}: "
-        + NEXT.format("it"),
+        + next_words("it"),
         file=sys.stderr,
         flush=True,
     )

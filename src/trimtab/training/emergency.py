@@ -65,6 +65,16 @@ UPDATING = "the optimizer's update had begun: the weights are no completed step'
 NEXT = "torchrun restarts the job from {} (--max-restarts), or the same command resumes it"
 
 
+def next_words(where: str) -> str:
+    """NEXT, or where torchrun has no restart left (its workers' TORCHELASTIC_RESTART_COUNT has reached
+    TORCHELASTIC_MAX_RESTARTS) that the same command resumes: the survivor said torchrun would restart a job
+    whose restarts were spent."""
+    count, most = os.environ.get("TORCHELASTIC_RESTART_COUNT"), os.environ.get("TORCHELASTIC_MAX_RESTARTS")
+    if count is not None and most is not None and count.isdigit() and most.isdigit() and int(count) >= int(most):
+        return f"torchrun has no restart left (--max-restarts {most}, all used): the same command resumes from {where}"
+    return NEXT.format(where)
+
+
 def peer_lost(exc: BaseException) -> bool:
     """Whether `exc` is a collective failing because a peer process is gone."""
     if isinstance(exc, torch.distributed.DistError):
@@ -245,7 +255,7 @@ class EmergencySave:
         self._say(
             f"step {step}: a peer was lost ({first}); rank {rank} saved step {step} alone in {seconds:.1f} s (an "
             "emergency save; torchrun's SIGKILL comes 30 s after the loss: a longer save is cut, and the restart "
-            f"resumes from the checkpoint before); {NEXT.format(f'step {step}')}"
+            f"resumes from the checkpoint before); {next_words(f'step {step}')}"
         )
         self.last_saved = step
         return True
