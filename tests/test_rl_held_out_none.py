@@ -26,8 +26,17 @@ def test_a_file_too_small_to_hold_any_out_says_the_run_has_no_held_out_evaluatio
     assert "no held-out evaluation" in said[0] and "10 or more lines, or set rl.held_out=0" in said[0]
 
 
-def test_a_file_that_holds_some_out_or_a_run_that_asks_for_none_says_nothing(tmp_path, caplog):
+def test_a_file_that_holds_fewer_out_than_asked_says_how_many(tmp_path, caplog):
+    """dpo.pairs said so (dpo_phase.py); rl.prompts held 6 of the default 64 out of a 60-line file unsaid, and rule
+    rl_hacking judged a fall over those 6."""
     with caplog.at_level(logging.WARNING, logger="trimtab.rl.phase"):
-        assert len(build(tmp_path, 10, 64).held_out) == 1  # a tenth of 10
+        assert len(build(tmp_path, 60, 64).held_out) == 6  # a tenth of 60
+    said = [r.getMessage() for r in caplog.records if r.name == "trimtab.rl.phase"]
+    assert len(said) == 1 and "rl.held_out=64" in said[0] and "holds out 6 of its 60 prompts" in said[0]
+
+
+def test_a_file_that_holds_out_what_was_asked_or_a_run_that_asks_for_none_says_nothing(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="trimtab.rl.phase"):
+        assert len(build(tmp_path, 100, 10).held_out) == 10  # the cap (a tenth) not reached
         assert build(tmp_path, 9, 0).held_out == []  # asked for none
     assert [r for r in caplog.records if r.name == "trimtab.rl.phase"] == []

@@ -106,6 +106,7 @@ class NoLearningSignal(Monitor):
         self.top: list[int] = []
         self.held_out: list[int] = []
         self.difficulty: int | None = None  # the built-in task's digits (rl/curriculum.py; None: not known)
+        self.top_difficulty = 0  # the digits a raise past which did not fit (rl/curriculum.py; 0: none found)
 
     def state_dict(self) -> dict[str, Any]:
         config = ("failing", "min_fall", "start_steps")  # not state
@@ -117,6 +118,7 @@ class NoLearningSignal(Monitor):
         if (level := m.rl.get("difficulty")) is not None and level != (self.difficulty or level):
             self._new_task()
         self.difficulty = m.rl.get("difficulty", self.difficulty)
+        self.top_difficulty = m.rl.get("top_difficulty", 0)
         if m.step <= self.acted_at:  # a rollback's replay of what the last finding judged (KEPT_ON_ROLLBACK)
             self.window, self.solved, self.failed, self.sampled, self.drawn = (
                 Rolling(self.cfg.window) for _ in range(5)
@@ -151,6 +153,8 @@ class NoLearningSignal(Monitor):
         }
         if self.difficulty:  # the built-in task's: a curriculum raises it where the task is learned (rl_remedies.py)
             evidence["difficulty"] = self.difficulty
+        if self.top_difficulty:  # a raise past it did not fit model.max_seq_len: the curriculum's ceiling here
+            evidence["top_difficulty"] = self.top_difficulty
         if len(self.sampled):  # the share of the window's steps dynamic sampling drew (older batches: unknown)
             evidence["dynamic_sampling"] = self.sampled.mean()
         if self.gave_up:  # off after it drew flat groups (by the rule or a person): not to be turned on again

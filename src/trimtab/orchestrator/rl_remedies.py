@@ -193,7 +193,7 @@ def _harder(f: Finding, most: int) -> Remedy | None:
     its problems drawn at a digit more (rl/curriculum.py), instead of the stop; None for a file's task (no
     difficulty) or at the ceiling. Its outcome is the signal's return (outcomes.py: no rl_signal finding since)."""
     digits = f.evidence.get("difficulty", 0)
-    if not digits or digits >= most:
+    if not digits or digits >= most or digits == f.evidence.get("top_difficulty"):  # the last: it did not fit
         return None
     ev = f.evidence
     return Remedy(
@@ -244,7 +244,12 @@ def _learned(f: Finding) -> Remedy:
     step 40; now a stop at step 10 with exit 0, as early_stop's, the run having done its work."""
     ev = f.evidence
     rest = "" if ev["solved_groups"] >= 1.0 else ", the rest flat below it: out of this policy's reach"
-    if ev.get("difficulty"):  # the built-in task at the curriculum's ceiling (_harder)
+    if ev.get("difficulty") and ev["difficulty"] == ev.get("top_difficulty"):  # a raise did not fit (_harder)
+        rest += (
+            f"; the built-in task at {ev['difficulty']} digits, whose next difficulty's prompts and rl.max_new_tokens "
+            "would not fit model.max_seq_len"
+        )
+    elif ev.get("difficulty"):  # the built-in task at the curriculum's ceiling (_harder)
         rest += f"; the built-in task at {ev['difficulty']} digits, orchestrator.rl_signal.max_difficulty"
     why = (
         f"every group of the last {ev['window']} steps earned one reward for all its responses, "

@@ -106,6 +106,8 @@ class RolloutLoader(Ordered):
         self.max_prompt_tokens = max_prompt_tokens
         # the built-in task's digits (rl/curriculum.py: rule rl_signal raises them once it is learned); 0: a file's
         self.difficulty = digits_of(cfg.prompts) or 0
+        # the difficulty a raise past which did not fit model.max_seq_len (rl/curriculum.py; 0: none found)
+        self.top_difficulty = 0
         # train.micro_batch_tokens, 0 (auto) the whole step (not train.batch_tokens: pretraining's);
         # an OOM handler may lower it between steps
         self.micro_batch_tokens = micro_batch_tokens or self.batch_tokens
@@ -219,7 +221,7 @@ class RolloutLoader(Ordered):
         summed = self._sum(all_sum, [*(local[k] for k in SUMS), *slots])
         sums, slowest = dict(zip(SUMS, summed)), max(summed[len(SUMS) :])
         fields = {"verifier_error": error, "overlong_buffer": overlong_buffer, "slowest": slowest}
-        fields |= {"dynamic_sampling": dynamic_sampling, "difficulty": self.difficulty}
+        fields |= {"dynamic_sampling": dynamic_sampling, "difficulty": self.difficulty, "top": self.top_difficulty}
         return RolloutBatch([], 0, n_tokens, rows, None, rollouts, adv, rewards, sums, **fields)
 
     def _sum(self, all_sum: Sum, values: list[float]) -> list[float]:
@@ -400,12 +402,17 @@ class RolloutLoader(Ordered):
         rows = [batch.rows[i] for i in group]
         return PolicyMicroBatch(inputs, targets, n, rows, old, advantage, weights, experts, temperature)
 
-    def close(self) -> None:
-        """End the rollout thread and the verifier pool's processes (the run is over, or a
-        rollback builds the loader anew)."""
+    def drop_ahead(self) -> None:
+        """Drop the batches generated ahead (rl.max_staleness), after the one generating now has finished: the
+        next step generates them again, from the policy and the problems as they are then."""
         if self._queue is not None:
             self._queue.close()
             self._queue = None
+
+    def close(self) -> None:
+        """End the rollout thread and the verifier pool's processes (the run is over, or a
+        rollback builds the loader anew)."""
+        self.drop_ahead()
         for pool in (self._pool, self._held_out_pool):
             if pool is not None:
                 pool.close()

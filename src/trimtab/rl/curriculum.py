@@ -37,11 +37,19 @@ def set_difficulty(loader: Any, digits: int, max_seq_len: int = 0) -> str:
     longest_text = sorted(train, key=lambda p: len(p.prompt))[-LONGEST:]
     longest = max(len(loader.tok.encode(p.prompt, specials=True)) for p in longest_text)
     if max_seq_len and longest + loader.cfg.max_new_tokens > max_seq_len:
+        if digits == loader.difficulty + 1:  # the task's ceiling here, in the step's figures: rule rl_signal stops
+            # the learned task at it, not raising it again every window (it did, each raise journaled as failed, and
+            # the run trained on at loss 0 to max_steps)
+            loader.top_difficulty = loader.difficulty
         raise ConfigError(
             f"the built-in task at {digits} digits has prompts of {longest} tokens: with rl.max_new_tokens="
             f"{loader.cfg.max_new_tokens} over model.max_seq_len={max_seq_len}; difficulty unchanged "
             f"({loader.difficulty})"
         )
+    # asynchronous (rl.max_staleness): the rollout thread draws from the problems being swapped here, so a batch
+    # drawing across the swap had its prompts at the old difficulty and its answers at the new (every response
+    # scored wrong); those queued ahead were the old task's. Generated again at the new one.
+    loader.drop_ahead()
     before, auto = loader.difficulty, loader.micro_batch_tokens == loader.batch_tokens
     items = fingerprint((p.prompt, p.answer) for p in train)
     loader.problems, loader.difficulty = train, digits

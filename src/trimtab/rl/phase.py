@@ -78,6 +78,12 @@ def problems_of(cfg: RunConfig) -> tuple[list[Problem], list[Problem]]:
             "held out, so none is: the run has no held-out evaluation (rl/held_out_*, rule rl_hacking); give it "
             "10 or more lines, or set rl.held_out=0"
         )
+    elif len(held) < n_held:  # the cap took some, unsaid (dpo.pairs said it): rule rl_hacking judges over fewer
+        log.warning(
+            f"rl.held_out={n_held}: rl.prompts '{spec}' holds out {len(held)} of its {len(train) + len(held)} "
+            "prompts (at most a tenth of a file is held out, so that most of it trains): rl/held_out_* and rule "
+            "rl_hacking are over those; a larger file holds out more"
+        )
     return train, held
 
 

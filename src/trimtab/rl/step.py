@@ -104,6 +104,8 @@ class RolloutBatch(StepBatch):
     dynamic_sampling: bool | None = None
     # the built-in task's digits the prompts were drawn at (rl/curriculum.py; 0: a file's task, or an older batch)
     difficulty: int = 0
+    # the difficulty a raise past which did not fit model.max_seq_len (rl/curriculum.py; 0: none found)
+    top: int = 0
 
     @property
     def health(self) -> dict[str, Any]:
@@ -119,6 +121,8 @@ class RolloutBatch(StepBatch):
             figures["dynamic_sampling"] = self.dynamic_sampling
         if self.difficulty:  # a curriculum's step starts the rules' baselines again (rl_health, rl_reward)
             figures["difficulty"] = self.difficulty
+        if self.top:  # rule rl_signal's ceiling short of orchestrator.rl_signal.max_difficulty (rl_remedies.py)
+            figures["top_difficulty"] = self.top
         figures["verifications"] = tuple(int(self.sums[k]) for k in ("verified", "failures", "timeouts"))
         if self.verifier_error:
             figures["verifier_error"] = self.verifier_error
