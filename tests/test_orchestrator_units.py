@@ -1477,8 +1477,8 @@ def test_responses_grown_into_the_budget_get_the_soft_penalty_a_wider_one_a_roll
     incident's rollbacks, not the run's: the Policy counts them (test_rl_reward.py)."""
     from types import SimpleNamespace
 
-    from trimtab.orchestrator.rl_health import LengthRunaway
     from trimtab.orchestrator.rl_remedies import remedy
+    from trimtab.orchestrator.rl_rollouts import LengthRunaway
 
     cfg = OrchestratorConfig()
     cfg.rl_length.window, cfg.rl_length.threshold = 2, 0.5
@@ -1546,7 +1546,7 @@ def test_a_runaway_begun_in_the_start_window_rolls_back_to_the_policy_whose_resp
     not the first window's: that one held the runaway's start (20% at window 3) and found it at step 6, not 4."""
     from types import SimpleNamespace
 
-    from trimtab.orchestrator.rl_health import LengthRunaway
+    from trimtab.orchestrator.rl_rollouts import LengthRunaway
     from trimtab.orchestrator.saves import SaveGuard
 
     cfg = OrchestratorConfig()

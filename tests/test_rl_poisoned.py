@@ -12,9 +12,10 @@ import pytest
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.core import Orchestrator
 from trimtab.orchestrator.monitors import StepMetrics
-from trimtab.orchestrator.rl_health import EntropyCollapse, LengthRunaway, NoLearningSignal, OffPolicy
+from trimtab.orchestrator.rl_health import EntropyCollapse, NoLearningSignal
 from trimtab.orchestrator.rl_held_out import RewardHacking
 from trimtab.orchestrator.rl_reward import RewardFall
+from trimtab.orchestrator.rl_rollouts import LengthRunaway, OffPolicy
 from trimtab.orchestrator.rl_verifier import VerifierFailures
 
 NAN = float("nan")

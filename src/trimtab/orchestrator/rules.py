@@ -10,14 +10,10 @@ from trimtab.orchestrator.lr_rule import UnexplainedLR
 from trimtab.orchestrator.monitors import GradExplosion, LossSpike, Monitor, NonFinite
 from trimtab.orchestrator.plateau import Plateau
 from trimtab.orchestrator.resources import Fp16Overflow, MemoryPressure, OutOfMemory, Throughput
-from trimtab.orchestrator.rl_health import (
-    EntropyCollapse,
-    LengthRunaway,
-    NoLearningSignal,
-    OffPolicy,
-)
+from trimtab.orchestrator.rl_health import EntropyCollapse, NoLearningSignal
 from trimtab.orchestrator.rl_held_out import RewardHacking
 from trimtab.orchestrator.rl_reward import RewardFall
+from trimtab.orchestrator.rl_rollouts import LengthRunaway, OffPolicy
 from trimtab.orchestrator.rl_verifier import VerifierFailures
 from trimtab.orchestrator.trends import AboveStart
 
