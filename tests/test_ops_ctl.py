@@ -48,6 +48,21 @@ def test_an_overlong_penalty_over_the_whole_budget_is_refused_when_sent(tmp_path
     assert [c["params"] for _, c in ctl.take_commands(tmp_path)] == [{"tokens": 5}]
 
 
+def test_a_difficulty_for_a_task_read_from_a_file_is_refused_when_sent(tmp_path):
+    """The job refused it (rl/curriculum.py) after the person had gone; the built-in task takes it."""
+    for name, prompts in (("file", "prompts.jsonl"), ("builtin", "builtin:arithmetic:2")):
+        run = tmp_path / name
+        run.mkdir()
+        dump_config(
+            load_config(preset="debug", overrides={"rl": {"enabled": True, "prompts": prompts}}), run / "config.yaml"
+        )
+    with pytest.raises(ConfigError, match=r"rl-difficulty: .*'prompts.jsonl', a file with no difficulty"):
+        ctl.send(tmp_path / "file", ctl.parse_command("rl-difficulty", ["3"]), queue=True)
+    assert not (tmp_path / "file" / "control").exists()  # nothing sent
+    ctl.send(tmp_path / "builtin", ctl.parse_command("rl-difficulty", ["3"]), queue=True)
+    assert [c["action"] for _, c in ctl.take_commands(tmp_path / "builtin")] == ["set_rl_difficulty"]
+
+
 def test_the_same_knobs_go_to_runs_that_have_them(tmp_path):
     moe, rl = tmp_path / "moe", tmp_path / "rl"
     for path, cfg in (

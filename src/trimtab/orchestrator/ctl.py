@@ -51,7 +51,8 @@ def check_against_config(run_dir: Path, command: dict[str, Any]) -> None:
     """A command the run's config.yaml says it cannot apply, refused now (the job would only journal
     it as failed, after the person had gone): a layer not of the kind the action acts on, or no layer
     of that kind at all when none is named (every layer of the kind), naming the layers that are; an
-    RL knob on a run that is not `trimtab rl`; an overlong penalty over the whole response budget."""
+    RL knob on a run that is not `trimtab rl`; an overlong penalty over the whole response budget; a difficulty
+    for a task read from a file."""
     action, params = command.get("action"), command.get("params")
     kind = LAYER_KIND.get(action)
     if not isinstance(params, dict) or (kind is None and action not in RL_ONLY):
@@ -68,6 +69,11 @@ def check_against_config(run_dir: Path, command: dict[str, Any]) -> None:
             raise ConfigError(
                 f"ctl {verb}: a knob of reinforcement learning, and '{run_dir}' is not an RL run (its config.yaml "
                 "has rl.enabled false); it applies to runs of `trimtab rl`"
+            )
+        if action == "set_rl_difficulty" and not cfg.rl.prompts.startswith("builtin:arithmetic"):
+            raise ConfigError(  # the job refuses it too (rl/curriculum.py), but only journals that
+                f"ctl rl-difficulty: '{run_dir}' trains on rl.prompts '{cfg.rl.prompts}', a file with no difficulty "
+                "to set; the built-in task's is builtin:arithmetic:DIGITS, harder prompts in a file are yours to write"
             )
         tokens, budget = params.get("tokens"), cfg.rl.max_new_tokens
         if action == "set_overlong_penalty" and isinstance(tokens, int) and tokens >= budget:
