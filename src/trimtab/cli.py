@@ -19,6 +19,7 @@ from trimtab.cli_train import CONFIG, PRESET, SET
 from trimtab.commands import COMMANDS, OneOf, add_args, arg, command, number
 from trimtab.errors import ConfigError, RunFinished, TrimtabError
 from trimtab.training.services.signals import StartUpInterrupted, stop_exit
+from trimtab.write_errors import survive_closed_readers
 
 GROUPS = {"data": "prepare data: token shards a run reads memory-mapped (docs/data.md)"}
 
@@ -429,6 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     # trimtab's own lines at INFO, other libraries' at WARNING: with the root at INFO, botocore said
     # "trimtab: Found credentials in environment variables." 3 times a run with checkpoint.dir s3://
+    survive_closed_readers()  # a console piped into `head` that closes: training goes on (write_errors.py)
     logging.basicConfig(level=logging.WARNING, format="trimtab: %(message)s")
     logging.getLogger("trimtab").setLevel(logging.INFO)
     args = build_parser().parse_args(argv)

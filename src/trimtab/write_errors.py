@@ -8,9 +8,11 @@ import errno
 import os
 import re
 import shutil
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 _OS_ERROR = re.compile(r"os error (\d+)")
 NEARLY_FULL = 16 << 20  # bytes free below which a writer's errno-less failure is taken as ENOSPC
@@ -77,3 +79,42 @@ def out_error(error: OSError, out: str | Path | None) -> str | None:
     if error.errno == errno.ENOENT and out.parent.is_dir():
         why = f"'{out.parent}' lets no directory be made in it: a virtual filesystem such as /proc"
     return f"--out '{out}' cannot be made or written ({why}); give a directory this user can create and write"
+
+
+class _Unbroken:
+    """A console stream whose reader may go away (`trimtab train 2>&1 | head -5`): a write into the closed pipe
+    points the stream's descriptor at /dev/null and carries on. Python raised BrokenPipeError from the next
+    progress line, and the run ended mid-way (no summary, exit 0); the console is the person's view of a run,
+    never a reason to stop it."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._to_nowhere()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._to_nowhere()
+
+    def _to_nowhere(self) -> None:
+        nowhere = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(nowhere, self._stream.fileno())  # what the buffer still holds goes there too
+        os.close(nowhere)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def survive_closed_readers() -> None:
+    """sys.stdout and sys.stderr as _Unbroken streams (before logging takes its handler's stream)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _Unbroken) and hasattr(stream, "fileno"):
+            setattr(sys, name, _Unbroken(stream))
