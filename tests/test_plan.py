@@ -473,3 +473,13 @@ def test_the_activation_estimate_is_what_a_forward_leaves_for_its_backward(prese
     measured = measure_kept_bytes(model, loss, lambda rows: torch.randint(0, 512, (rows, cfg.data.seq_len)))
     estimate, _ = kept_bytes_per_token(cfg, 2 if autocast else 4, checkpointing, fused_norm=False)
     assert estimate == pytest.approx(measured, rel=0.02), (measured, estimate)
+
+
+def test_plan_durations_past_two_years_read_in_years():
+    """A 2.4T preset planned on a CPU once printed "34259303950.0 days"; years to 3 digits read."""
+    from trimtab.plan.report import _hours
+
+    assert _hours(100) == "4.2 days"
+    assert _hours(24 * 700) == "700.0 days"
+    assert _hours(299512.4 * 24) == "820 years"
+    assert _hours(34259303950 * 24) == "9.38e+07 years"

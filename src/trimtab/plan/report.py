@@ -394,6 +394,9 @@ def _hours(h: float | None) -> str:
         return "unknown (no peak FLOP/s for this device; try --gpu NAME)"
     if h < 1 / 60:
         return f"{h * 3600:.1f} s"
+    years = h / (24 * 365.25)
+    if years >= 2:  # a large preset on a CPU: "34259303950.0 days" reads as noise, years to 3 digits do not
+        return f"{years:.3g} years"
     return f"{h * 60:.1f} min" if h < 1 else f"{h:.1f} h" if h < 48 else f"{h / 24:.1f} days"
 
 
