@@ -72,6 +72,14 @@ class ModelConfig(Section):
                 f"model.layer_pattern[{i}]",
                 f"is '{kind}'; each entry must be one of {', '.join(LAYER_KINDS)}",
             )
+        # Entries past n_layers were silently never built: [dense, dense, dense, dense, moe] on 4 layers
+        # trained an all-dense model while validating and reporting MoE settings.
+        _check(
+            len(self.layer_pattern) <= self.n_layers,
+            "model.layer_pattern",
+            f"has {len(self.layer_pattern)} entries, more than model.n_layers {self.n_layers}: the last "
+            f"{len(self.layer_pattern) - self.n_layers} would never be built; shorten it or raise model.n_layers",
+        )
         if any("moe" in k for k in self.layer_pattern):
             self.moe.validate()
         if any("mod" in k for k in self.layer_pattern):
