@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from helpers import trimtab_cli
+from test_rl_batches import EOS, CharTokenizer
 from test_rl_train import RL
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.config.rl import RLConfig
@@ -23,8 +24,6 @@ from trimtab.rl.curriculum import set_difficulty
 from trimtab.rl.phase import problems_of
 from trimtab.rl.rollout import Rollout
 from trimtab.rundir import read_decisions
-
-EOS = 0
 
 
 def cfg() -> OrchestratorConfig:
@@ -127,16 +126,6 @@ def test_a_malformed_difficulty_is_told_at_the_config_naming_the_key():
     with pytest.raises(ConfigError, match=r"rl\.prompts.*builtin:arithmetic:3"):
         RLConfig(prompts="builtin:arithmetic:two").validate()
     RLConfig(prompts="builtin:arithmetic:3").validate()
-
-
-class CharTokenizer:
-    eos_id = pad_id = EOS
-
-    def encode(self, text: str, specials: bool = False) -> list[int]:
-        return [ord(c) for c in text]
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(map(chr, ids))
 
 
 def policy(prompts: list[list[int]], seed: int | None) -> list[Rollout]:
