@@ -763,6 +763,8 @@ def test_a_disk_that_stays_full_is_journaled_as_failed_and_stops_before_more_is_
     assert retries["action"] == "none" and retries["step"] == 9 and retries["evidence"]["seen_again"] == 3
     assert first["action"] == "save_checkpoint" and first["applied"][0].startswith("failed: ")
     assert first["outcome"]["result"] == "failed"  # not "recovered": its track record falls
+    # the console said the decision as if applied, and nothing of its failure
+    assert f"step {first['step']} disk: save_checkpoint failed, nothing changed: " in capsys.readouterr().err
     assert second["action"] == "stop" and second["params"]["exit_code"] == 4
     assert "since step 0" in second["params"]["reason"] and "re-run the same command" in second["params"]["reason"]
     # the weights alone kept (checkpointing.py _keep_weights): in the stop's outcome, which `trimtab runs` and the

@@ -227,7 +227,8 @@ class Deciding:
                 self.rolling_back = decision.id
             if remedy.action in ("rollback", "stop") and decision.family in EMERGENCIES:
                 self.emergency = decision
-            run.control.request(remedy.action, on_done=lambda line, d=decision: self._applied(d, line), **remedy.params)
+            on_done = lambda line, d=decision: self._applied(d, line, console=run)  # noqa: E731
+            run.control.request(remedy.action, on_done=on_done, **remedy.params)
 
     def _seen_again(self, decision: Decision, f: Finding) -> Decision:
         """Finding f came back to `decision`'s answer: counted on it (a count, not a list: a long
@@ -256,10 +257,13 @@ class Deciding:
             self.demoted.discard(key)
             run.say(f"[orchestrator] {rule} -> {action} is applied again (confidence {confidence:.2f})")
 
-    def _applied(self, decision: Decision, line: str, run: RunView | None = None, name: str = "") -> None:
+    def _applied(
+        self, decision: Decision, line: str, run: RunView | None = None, name: str = "", console: Any = None
+    ) -> None:
         """What Control did; an action that failed is journaled as failed at once (its track
         record falls), never as done. `run` is given for a person's command, and `name`, its
-        control file's, which a failure answers (as one refused when it was read)."""
+        control file's, which a failure answers (as one refused when it was read); `console`, a rule's
+        decision's run: its failure said there too (the console said only the decision, as if applied)."""
         decision.applied.append(line)
         if line.startswith("failed: "):
             error = line.removeprefix("failed: ")
@@ -275,6 +279,9 @@ class Deciding:
                     ctl.answer(self.run_dir, name, error)
                 said = f"[orchestrator] step {decision.step} manual: {decision.summary} failed, nothing changed"
                 run.say(f"{said}: {error}")
+            elif console is not None:
+                said = f"[orchestrator] step {decision.step} {decision.rule}: {decision.action} failed, nothing changed"
+                console.say(f"{said}: {error}")
         elif decision.action == "stop":  # the run ends here: steps after a resume judge nothing of it
             decision.outcome = {"result": "stopped", "steps": 0}
             self.outcomes.drop(decision)
