@@ -31,3 +31,18 @@ def test_a_steady_policy_and_an_asynchronous_start_read_no_collapse():
     assert _first_finding([2.0, 1.8, 2.1, 1.9, 2.0] * 6)[0] is None
     step, found = _first_finding([2.0, 2.2, 1.8] + [0.2] * 20, staleness=2.0)
     assert step == 8 and found.evidence["start_entropy"] == pytest.approx(2.0)
+
+
+def test_a_curriculum_step_starts_the_entropy_again_from_the_policy_it_raised():
+    """A learned task's policy is sharper than the starting one: after a raise (rl/curriculum.py) its reward
+    falls on the harder task, and against the first task's starting entropy it read as a collapse (the soak's
+    raise to 6 digits); the new task's start is the policy that meets it, as rules rl_signal and rl_reward's."""
+    rule = EntropyCollapse(OrchestratorConfig())  # window 5, threshold 0.25, solved 0.9
+    steps = [(2.0, 0.05, 1)] + [(0.4, 0.95, 1)] * 10 + [(0.4, 0.3, 2)] * 12  # learned at 1 digit, raised to 2
+    found = [
+        rule.observe(metrics(s, rl={"entropy": e, "reward": r, "difficulty": d}))
+        for s, (e, r, d) in enumerate(steps, 1)
+    ]
+    assert found == [None] * len(steps)
+    later = [rule.observe(metrics(30 + s, rl={"entropy": 0.05, "reward": 0.3, "difficulty": 2})) for s in range(6)]
+    assert any(f is not None and f.evidence["start_entropy"] == pytest.approx(0.4) for f in later)  # still watched

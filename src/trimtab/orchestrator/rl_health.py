@@ -355,6 +355,7 @@ class EntropyCollapse(Monitor):
         self.own, self.steps = 0, 0  # the starting policy's steps, the steps seen
         self.start: list[float] = []  # the starting policy's entropies
         self.window: list[tuple[float, float]] = []  # (entropy, reward) of the last steps
+        self.difficulty: int | None = None  # the built-in task's digits (rl/curriculum.py; None: not known)
 
     def state_dict(self) -> dict[str, Any]:
         return {k: v for k, v in super().state_dict().items() if k != "start_steps"}  # config, not state
@@ -365,6 +366,11 @@ class EntropyCollapse(Monitor):
         # compared as no higher than the start's and turned the bonus on (weights_nan@17, kept after the rollback)
         if rl.get("entropy") is None or poisoned(rl):
             return None
+        if (level := rl.get("difficulty")) is not None and level != (self.difficulty or level):
+            # a curriculum step: the policy that meets the harder task is its start, as rl_signal's (the learned
+            # task's sharper policy read, against the first start, as a collapse once the reward fell)
+            self.first, self.own, self.steps, self.start, self.window = None, 0, 0, [], []
+        self.difficulty = rl.get("difficulty", self.difficulty)
         self._see(m.step, rl)
         parts = start_splits(self.start, self.window, self.own, self.steps, rule.window)[:1]  # the starting policy's
         if not parts or len(parts[0][1]) < rule.window:
