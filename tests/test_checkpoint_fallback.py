@@ -104,7 +104,7 @@ def test_a_default_that_moved_is_not_journaled_as_a_persons_change(tmp_path):
 
     orchestrator = Orchestrator(OrchestratorConfig(), run)
     for change in changes:
-        orchestrator._configured(SimpleNamespace(step=30), change)
+        orchestrator._configured(SimpleNamespace(step=30, phase=0), change)
     assert {d.evidence["key"]: d.mode for d in orchestrator.journal.decisions} == {
         "optim.weight_decay": "default",
         "optim.lr": "manual",

@@ -54,7 +54,7 @@ def test_an_explicit_set_equal_to_the_default_is_the_persons_and_a_dropped_one_i
     # journaled: the person's as theirs, the dropped one as nobody's command
     orchestrator = Orchestrator(OrchestratorConfig(), run)
     for change in (decay, probe):
-        orchestrator._configured(SimpleNamespace(step=20), change)
+        orchestrator._configured(SimpleNamespace(step=20, phase=0), change)
     assert [d.mode for d in orchestrator.journal.decisions] == ["manual", "default"]
     # the next session: a key nobody set whose saved value is not this version's default moved
     write(second)
@@ -175,7 +175,7 @@ def test_trimtab_rl_s_own_settings_are_said_to_be_its_own_not_a_persons_flags(tm
     )
     assert "spike.enabled True -> False (set by trimtab rl for its runs) (" in changes_line([spike], 20)
     orchestrator = Orchestrator(OrchestratorConfig(), run)  # journaled as the command's, not a person's (manual)
-    orchestrator._configured(SimpleNamespace(step=20), spike)
+    orchestrator._configured(SimpleNamespace(step=20, phase=0), spike)
     assert orchestrator.journal.decisions[-1].mode == "command"
     assert "[command" not in orchestrator.journal.decisions[-1].console_line()  # applied: no "not applied" tag
 
