@@ -20,7 +20,7 @@ from trimtab import storage
 from trimtab.checkpoint import list_checkpoints
 from trimtab.config import load_config, merge
 from trimtab.errors import ConfigError
-from trimtab.rundir import read_json
+from trimtab.rundir import read_decisions, read_json
 from trimtab.storage import MANIFEST, Remote, open_remote, redact, restore, retain
 
 pytest.importorskip("s3fs")
@@ -151,6 +151,13 @@ def test_a_partial_upload_is_never_resumed_and_a_corrupt_one_falls_back(tmp_path
     assert "step_000003: skipped, not a valid checkpoint" in caplog.text
     assert_same_run(uninterrupted, out)
     assert "step_000005" not in open_remote(url).listing()[0]
+    # the store's corrupt checkpoint is an incident journaled as the run directory's are (the partial upload is not)
+    fell = [d for d in read_decisions(out) if d["rule"] == "checkpoint_fallback"]
+    assert len(fell) == 1, [d["rule"] for d in read_decisions(out)]
+    e = fell[0]["evidence"]
+    assert [(r["checkpoint"], r["store"]) for r in e["refused"]] == [("step_000003", url)]
+    assert (e["resumed_step"], e["newest_step"], e["steps_lost"]) == (0, 3, 3)
+    assert f"did not download the ones in {url}" in fell[0]["reasoning"]
 
 
 def test_restore_takes_the_newest_valid_checkpoint(tmp_path, bucket, caplog):

@@ -315,12 +315,17 @@ def _explain(exc: BaseException, key: str) -> str:
 
 
 def restore(
-    remote: Remote, root: Path, verify: Callable[[Path], dict[str, Any]], only: str | None = None
+    remote: Remote,
+    root: Path,
+    verify: Callable[[Path], dict[str, Any]],
+    only: str | None = None,
+    refused: list[dict[str, Any]] | None = None,
 ) -> tuple[Path, dict] | None:
     """The newest complete checkpoint in `remote` (or step `only`) whose files `verify`
     (checkpoint.verify: the manifest's sizes and sha256), downloaded into `root` as step_N; None
     when there is none. Partial uploads and ones that fail verification are skipped, each with
-    a warning line."""
+    a warning line; the ones that failed verification are also added to `refused` (the resume's
+    fallback record: training/resume.py)."""
     complete, partial = remote.listing()
     if only is not None:
         complete, partial = [n for n in complete if n == only], [n for n in partial if n == only]
@@ -339,6 +344,8 @@ def restore(
         except Exception as exc:  # a corrupt or vanished copy: the one before it, as on disk
             shutil.rmtree(tmp, ignore_errors=True)
             log.warning("%s/%s: skipped, not a valid checkpoint (%s)", remote.url, name, redact(exc))
+            if refused is not None:
+                refused.append({"checkpoint": name, "step": step_of(name), "reason": redact(exc), "store": remote.url})
             continue
         final = root / name
         shutil.rmtree(final, ignore_errors=True)

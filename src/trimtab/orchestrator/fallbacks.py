@@ -42,12 +42,18 @@ def fallback_finding(record: dict[str, Any], step: int, world: int) -> Finding:
 
 def fallback_remedy(f: Finding) -> Remedy:
     e = f.evidence
+    store = sorted({r["store"] for r in e["refused"] if r.get("store")})
+    local = any(not r.get("store") for r in e["refused"])
+    where = ["moved the others to checkpoints/corrupt/ (kept for inspection, never resumed from)"] if local else []
+    where += [
+        f"did not download the ones in {url} that fail it (the next upload's retention deletes them)" for url in store
+    ]
     return Remedy(
         action="resume",
         params={"step": e["resumed_step"], "world": e["world_after"]},
         reasoning="a checkpoint that fails its manifest (a truncated or flipped file) would load damaged weights or "
-        "optimizer state, so the resume took the newest one that verifies and moved the others to "
-        f"checkpoints/corrupt/ (kept for inspection, never resumed from); on {ranks(e['world_after'])} the steps "
+        f"optimizer state, so the resume took the newest one that verifies and {' and '.join(where)}; on "
+        f"{ranks(e['world_after'])} the steps "
         f"after step {e['resumed_step']} (at least {e['steps_lost']}) are trained again, the data order continued "
         "exactly",
     )

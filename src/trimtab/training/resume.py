@@ -42,10 +42,11 @@ def resume_point(cfg: RunConfig, dist: Parallel, remote: Remote | None = None) -
     none there, the newest valid one in `remote` (checkpoint.dir), downloaded into it. Raises
     RunFinished for a run already at its length; moves corrupt newer checkpoints aside."""
     found, refused = dist.from_main(search_valid, cfg.run_dir)
+    in_store: list[dict[str, Any]] = []  # the store's checkpoints that failed verification (filled on rank 0)
     if found is None and remote is not None:
-        found = dist.from_main(restore_from, remote, cfg.run_dir, reference_steps(cfg))
+        found = dist.from_main(restore_from, remote, cfg.run_dir, reference_steps(cfg), in_store)
     elif remote is not None:  # a disk left behind by a run that moved on: the store's newer checkpoint
-        found = dist.from_main(newer_in_store, remote, cfg.run_dir, found)
+        found = dist.from_main(newer_in_store, remote, cfg.run_dir, found, in_store)
     if found is not None and "train" not in found[1]:  # weights without a training state (trimtab merge)
         dist.close()
         raise CheckpointError(
@@ -55,7 +56,7 @@ def resume_point(cfg: RunConfig, dist: Parallel, remote: Remote | None = None) -
     if found is not None:
         found[1]["train"]["made_up"] = made_up_steps(found[1])  # a checkpoint older than the field
         _stop_if_finished(cfg, found, dist)
-    dist.on_main(_set_aside, cfg.run_dir, found, refused, cfg.checkpoint.keep)
+    dist.on_main(_set_aside, cfg.run_dir, found, refused, cfg.checkpoint.keep, in_store)
     return found
 
 
@@ -284,14 +285,19 @@ def saved_summary(run_dir: Path, found: Found, total: int, status: str = "comple
     return built, False
 
 
-def _set_aside(run_dir: Path, found: Found | None, refused: dict[str, str], keep: int) -> None:
+def _set_aside(
+    run_dir: Path, found: Found | None, refused: dict[str, str], keep: int, in_store: list[dict[str, Any]]
+) -> None:
     """Move the checkpoints newer than `found` aside and record each with why the search refused it
-    (`refused`, search_valid's errors by path: verify ran once); the resume's line says them
-    (set_aside_note), or, with none valid left, the start over's line here."""
+    (`refused`, search_valid's errors by path: verify ran once), with `in_store`, the store's
+    (checkpoint.dir) newer ones that failed verification where they lie (restore() skipped them; the
+    next upload's retention deletes them); the resume's line says them (set_aside_note), or, with
+    none valid left, the start over's line here."""
     _say_cut_saves(run_dir, found)
     after = found[1]["step"] if found else -1
     moved = set_aside_corrupt(run_dir, after, keep)
-    if not moved:
+    store = [dict(r, kept_in=None) for r in in_store if r["step"] > after]
+    if not moved and not store:
         return
     unverified = "not verified by this resume's search (saved meanwhile)"  # a run lock keeps writers out
     record = {
@@ -304,8 +310,10 @@ def _set_aside(run_dir: Path, found: Found | None, refused: dict[str, str], keep
                 "kept_in": kept and str(kept),
             }
             for p, kept in moved.items()
-        ],
+        ]
+        + store,
     }
+    (checkpoint_root(run_dir) / CORRUPT).mkdir(parents=True, exist_ok=True)  # none moved: the store's alone
     write_json(checkpoint_root(run_dir) / CORRUPT / FALLBACK, record)
     if not found:
         log.warning("no valid checkpoint is left: the run starts over from step 0%s", _kept(run_dir, record))
@@ -339,13 +347,17 @@ def _on_disk(record: Any, step: int) -> dict[str, Any] | None:
 
 
 def _kept(run_dir: Path, record: dict[str, Any]) -> str:
-    names = ", ".join(
-        f"{r['checkpoint']} ({short_reason(r['reason'])}{'' if r['kept_in'] else '; pruned'})"
-        for r in record["refused"]
-    )
+    names = ", ".join(f"{r['checkpoint']} ({short_reason(r['reason'])}{_where(r)})" for r in record["refused"])
     where = checkpoint_root(run_dir) / CORRUPT
     bound = "never resumed from; it keeps the newest checkpoint.keep"
     return f"; corrupt newer checkpoint(s) set aside in {where} ({bound}): {names}"
+
+
+def _where(refused: dict[str, Any]) -> str:
+    """Where a refused checkpoint is: corrupt/ (""), pruned from there, or left in the object store."""
+    if refused.get("store"):
+        return f"; in {refused['store']}, not downloaded"
+    return "" if refused["kept_in"] else "; pruned"
 
 
 def short_reason(reason: str) -> str:

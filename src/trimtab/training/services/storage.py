@@ -115,15 +115,17 @@ def same_model(remote: Remote, cfg: RunConfig) -> None:
         )
 
 
-def restore_from(remote: Remote, run_dir: Path, also: tuple[str, ...] = ()) -> tuple[Path, dict[str, Any]] | None:
+def restore_from(
+    remote: Remote, run_dir: Path, also: tuple[str, ...] = (), refused: list[dict[str, Any]] | None = None
+) -> tuple[Path, dict[str, Any]] | None:
     """A run directory with no valid checkpoint (a fresh machine, a lost disk): the run files it
     lacks and the newest valid checkpoint in `remote`, downloaded and verified, and the `also`
     steps (the step-0 checkpoint RL's KL term and DPO read their reference from: reference_steps);
-    None: none there."""
+    None: none there. The store's checkpoints that failed verification go into `refused`."""
     got = remote.get_run_files(run_dir, RUN_FILES + RECORD_FILES + END_FILES)
     if got:
         log.info("restored %s from %s/run", ", ".join(got), remote.url)
-    found = restore(remote, checkpoint_root(run_dir), verify)
+    found = restore(remote, checkpoint_root(run_dir), verify, refused=refused)
     if found is None:
         log.info("%s holds no complete checkpoint: the run starts at step 0", remote.url)
         return None
@@ -133,7 +135,9 @@ def restore_from(remote: Remote, run_dir: Path, also: tuple[str, ...] = ()) -> t
     return found
 
 
-def newer_in_store(remote: Remote, run_dir: Path, found: tuple[Path, dict[str, Any]]) -> tuple[Path, dict[str, Any]]:
+def newer_in_store(
+    remote: Remote, run_dir: Path, found: tuple[Path, dict[str, Any]], refused: list[dict[str, Any]] | None = None
+) -> tuple[Path, dict[str, Any]]:
     """`found`, the run directory's newest valid checkpoint, unless the store holds a newer complete
     one of a step this directory never trained to: a disk left behind when the run moved to
     another machine, which trained on and uploaded. Resumed from its own checkpoint, the run
@@ -147,7 +151,7 @@ def newer_in_store(remote: Remote, run_dir: Path, found: tuple[Path, dict[str, A
         return found
     trained = _trained_here(run_dir)
     for name in reversed([n for n in newer if step_of(n) > trained]):
-        restored = restore(remote, checkpoint_root(run_dir), verify, only=name)
+        restored = restore(remote, checkpoint_root(run_dir), verify, only=name, refused=refused)
         if restored is not None:
             log.warning(
                 "%s: its newest checkpoint is %s, this directory trained to step %d, and %s holds step %d, "
