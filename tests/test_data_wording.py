@@ -25,3 +25,17 @@ def test_one_malformed_record_is_counted_in_the_singular(tmp_path, caplog):
 def test_an_empty_text_field_is_refused_naming_the_key(field):
     with pytest.raises(ConfigError, match=r"data\.text_field.*default: text"):
         DataConfig(text_field=field).validate()
+
+
+def test_an_empty_file_in_a_data_folder_is_said_when_training_reads_it(tmp_path, caplog):
+    """`data prepare` said an empty file; training read nothing of it without a word (a file a tool left
+    empty, or one half written, is a person's lost data). A records file with no record is empty too."""
+    (tmp_path / "a.txt").write_text("some text to train on. " * 20)
+    (tmp_path / "b.txt").write_text("")
+    (tmp_path / "c.jsonl").write_text("\n\n")
+    with caplog.at_level(logging.WARNING):
+        docs, _ = read_documents(DataConfig(source=str(tmp_path)))
+    assert [d.source for d in docs] == [str(tmp_path / "a.txt")]
+    said = [r.getMessage() for r in caplog.records if "empty" in r.getMessage()]
+    assert len(said) == 1 and "skipped 2 empty files" in said[0], said
+    assert str(tmp_path / "b.txt") in said[0] and str(tmp_path / "c.jsonl") in said[0]

@@ -117,6 +117,8 @@ def _say_skipped(reader: _Reader, key: str, source: str | list[str], section: st
             ", ".join(reader.skipped_where),
             more,
         )
+    if reader.empty:  # a file a tool left empty, or one half written: training read nothing of it, unsaid
+        logger.warning("%s '%s': skipped %s (no text in it)", key, source, shown(reader.empty, "empty file", "", "s"))
     if reader.repeated:
         said = shown(reader.repeated, "file", "", "s")
         logger.warning(
@@ -178,6 +180,7 @@ class _Reader:
     n_undecodable: int = 0
     undecodable_example: str = ""
     repeated: list[str] = field(default_factory=list)  # "FILE (as EARLIER)": files of the same bytes, read once
+    empty: list[str] = field(default_factory=list)  # files with no text and no malformed record (prepare says them)
     _same: SameBytes = field(default_factory=SameBytes)
 
     def documents(self, source: str | list[str]) -> Iterator[Document]:
@@ -264,6 +267,8 @@ class _Reader:
             return
         if text := "".join(parts):
             yield Document([(text, True)], str(path))
+        else:
+            self.empty.append(str(path))
 
     def _records(self, path: Path, strict: bool, limit: int) -> Iterator[Document]:
         """The file's records as documents. They are held back until the file is read, or until
@@ -271,14 +276,15 @@ class _Reader:
         (a bad byte on line 20) is skipped whole, as a text file is."""
         fix = self.fix or f"set {self.section}.skip_bad_records=true"
         held, chars, skipped = [], 0, []  # skipped: the malformed records' FILE:LINE, the first SHOWN of them
-        n_skipped = 0
+        n_skipped, any_record = 0, False
         try:
             for doc, record in record_documents(path, self.cfg, self.chat, fix):
                 if doc is None:
-                    n_skipped += 1
+                    n_skipped, any_record = n_skipped + 1, True
                     skipped += [record.where][: SHOWN - len(skipped)]
                 elif doc.text:
                     held.append(doc)
+                    any_record = True
                     chars += len(doc.text)  # at most its bytes: the limit is never passed unread
                 if limit and chars > limit:
                     self._skipped(n_skipped, skipped)
@@ -290,6 +296,8 @@ class _Reader:
             self._unreadable(exc)
             return
         self._skipped(n_skipped, skipped)
+        if not any_record:
+            self.empty.append(str(path))
         yield from held
 
     def _skipped(self, n: int, where: list[str]) -> None:
