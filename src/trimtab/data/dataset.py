@@ -16,7 +16,7 @@ from trimtab.config.data import DataConfig, MixSource
 from trimtab.data.chat import ChatFormat
 from trimtab.data.packing import ConcatRows, JunkSource, Rows, build_splits, every_flagged
 from trimtab.data.prepared import PreparedData, ShardedRows
-from trimtab.data.sources import Document, prepared_dir, read_documents
+from trimtab.data.sources import Document, as_written, prepared_dir, read_documents
 from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import DataError
 
@@ -100,8 +100,8 @@ def build_phase_data(
             continue
         if not len(train):
             raise DataError(
-                f"{source.key} '{source.spec.source}' gives no training row of data.seq_len+1={cfg.seq_len + 1} "
-                "tokens with a trainable target; add data or lower data.seq_len"
+                f"{source.key} {as_written(source.spec.source)} gives no training row of "
+                f"data.seq_len+1={cfg.seq_len + 1} tokens with a trainable target; add data or lower data.seq_len"
             )
         trains.append(train)
         evals.append(held)
@@ -113,8 +113,8 @@ def build_phase_data(
         evals = [_split(cfg, eval_source, tok, seed, cache_dir, 0.0)[0]]
         if not len(evals[0]):  # prepared (in memory, build_splits says it)
             raise DataError(
-                f"{eval_source.key} '{eval_source.spec.source}' gives no row of data.seq_len+1={cfg.seq_len + 1} "
-                "tokens with a trainable target; add data or lower data.seq_len"
+                f"{eval_source.key} {as_written(eval_source.spec.source)} gives no row of "
+                f"data.seq_len+1={cfg.seq_len + 1} tokens with a trainable target; add data or lower data.seq_len"
             )
     total = sum(weights[i] for i in kept)
     return PhaseData(
@@ -170,7 +170,7 @@ def _split(
             # the run directory may not exist yet: name the file the run's tokenizer was loaded from
             ours = f"{tok.origin} (this run's)" if tok.origin else "set to the run directory's tokenizer.json"
             raise DataError(
-                f"{source.key} '{source.spec.source}' was prepared with another tokenizer than this run's "
+                f"{source.key} {as_written(source.spec.source)} was prepared with another tokenizer than this run's "
                 f"({differs}, this run's first); prepare it with --tokenizer {ours}, or train a new run on it"
             )
         # the documents `data prepare` flagged and kept are reported as the in-memory screen's (warn)

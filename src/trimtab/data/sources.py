@@ -78,27 +78,28 @@ def read_documents(
     docs, capped = _take_bytes(reader.documents(source), cfg.max_bytes)
     if capped and source != "builtin" and not str(source).startswith(arithmetic.SOURCE):
         logger.warning(
-            "%s '%s': reached %s.max_bytes=%d, the rest is not read; set it to 0 to read all",
+            "%s %s: reached %s.max_bytes=%d, the rest is not read; set it to 0 to read all",
             key,
-            source,
+            as_written(source),
             section,
             cfg.max_bytes,
         )
-    _say_skipped(reader, key, source, section)
+    _say_skipped(reader, key, as_written(source), section)
     if not docs:
         why = f"; all {reader.n_skipped} records were malformed" if reader.n_skipped else ""
         raise DataError(
-            f"{key} '{source}' has no text (the corpus is empty{why}); point it at non-empty text or .jsonl files"
+            f"{key} {as_written(source)} has no text (the corpus is empty{why}); point it at non-empty text or "
+            ".jsonl files"
         )
     return docs, reader.n_skipped
 
 
-def _say_skipped(reader: _Reader, key: str, source: str | list[str], section: str) -> None:
+def _say_skipped(reader: _Reader, key: str, source: str, section: str) -> None:
     """What the reader left out, a line for each kind: unreadable files, malformed records, files
     with the bytes of one read before them."""
     if reader.n_undecodable:
         logger.warning(
-            "%s '%s': skipped %d %s that cannot be read as text (the first: %s)",
+            "%s %s: skipped %d %s that cannot be read as text (the first: %s)",
             key,
             source,
             reader.n_undecodable,
@@ -108,7 +109,7 @@ def _say_skipped(reader: _Reader, key: str, source: str | list[str], section: st
     if reader.n_skipped:
         more = ", ..." if reader.n_skipped > len(reader.skipped_where) else ""
         logger.warning(
-            "%s '%s': skipped %d malformed %s (%s.skip_bad_records=true; the first: %s%s)",
+            "%s %s: skipped %d malformed %s (%s.skip_bad_records=true; the first: %s%s)",
             key,
             source,
             reader.n_skipped,
@@ -118,12 +119,17 @@ def _say_skipped(reader: _Reader, key: str, source: str | list[str], section: st
             more,
         )
     if reader.empty:  # a file a tool left empty, or one half written: training read nothing of it, unsaid
-        logger.warning("%s '%s': skipped %s (no text in it)", key, source, shown(reader.empty, "empty file", "", "s"))
+        logger.warning("%s %s: skipped %s (no text in it)", key, source, shown(reader.empty, "empty file", "", "s"))
     if reader.repeated:
         said = shown(reader.repeated, "file", "", "s")
         logger.warning(
-            "%s '%s': the same bytes as a file before, read once (as data prepare does): %s", key, source, said
+            "%s %s: the same bytes as a file before, read once (as data prepare does): %s", key, source, said
         )
+
+
+def as_written(source: str | list[str]) -> str:
+    """A source as a person wrote it in the config: 'PATH', or a list as YAML's [A, B] (not Python's repr)."""
+    return f"'{source}'" if isinstance(source, str) else f"[{', '.join(source)}]"
 
 
 def _take_bytes(docs: Iterator[Document], max_bytes: int) -> tuple[list[Document], bool]:
