@@ -53,3 +53,22 @@ def test_a_finetunes_gains_at_a_sane_lr_draw_nothing():
     assert _findings(FINETUNE, fired=True, unigram=5.26) == []  # after a cut at 10x: was halved to 0.5x
     (found,) = _findings(FINETUNE_2, fired=False, losses=[x + 2 for x in LOSSES_2], unigram=5.26)  # a young model's
     assert found.step == 7 and found.evidence["gain"] == 0.397
+
+
+# debug at 10x its preset's LR, seed 2: cut x0.316 at step 7 (rollback to 0), its replay's steps 1-8 measured at
+# x0.316; a spike's rollback to step 8 cut x0.1, and steps 9-15 measured at x0.0316 (median 0.80). Judged together
+# (median 0.66) the phase's 15 gains cut x0.0316 again and capped its give-back there: 4.667 against 4.153.
+MIXED = [0.712, 0.51, 0.447, 0.664, 0.62, 0.561, 0.73, 0.636, 0.886, 0.909, 0.558, 0.659, 0.936, 0.799, 0.684]
+
+
+def test_only_the_gains_measured_at_the_lr_judged_count():
+    mon = AboveStart(OrchestratorConfig())
+    mon.fired = True
+    scales = [0.316] * 8 + [0.0316] * 7
+    metrics = [
+        StepMetrics(step=s + 1, loss=6.24 - 0.08 * s, grad_norm=0.8, update_gain=g, lr_scale=x)
+        for s, (g, x) in enumerate(zip(MIXED, scales))
+    ]
+    assert [f for f in map(mon.observe, metrics) if f is not None] == []
+    assert mon.sound_at == 0.0316  # the 7 measured at it: median 0.80, sound
+    assert len(_findings(MIXED, fired=True)) == 1  # the same gains at one LR: short of sound (0.66)

@@ -95,6 +95,7 @@ class AboveStart(Monitor):
         self.fastest = 0.0  # the loss's largest fall from one window's median to the next's in the phase
         self.held = 0  # steps in a row the loss has stalled at the unigram level
         self.first_gains: list[float] = []  # every update gain measured in the phase (its first gain_steps)
+        self.first_scales: list[float | None] = []  # ... and the LR multiplier of each (None: a checkpoint before it)
         self.cut_level: float | None = None  # the loss where the LR was last found too high (kept across rollbacks)
         # the LR multiplier a replay after a cut measured sound (its first gains' median at SOUND_GAIN or more)
         self.sound_at: float | None = None
@@ -150,6 +151,8 @@ class AboveStart(Monitor):
         self.data_read = data_read or bool(state.get("data_read"))
         if len(self.jumped) != len(self.gains):  # a checkpoint from before the jumps were kept
             self.jumped = [None] * len(self.gains)
+        if len(self.first_scales) != len(self.first_gains):  # ... or before their multipliers were
+            self.first_scales = [None] * len(self.first_gains)
 
     def wants_gain(self, step: int) -> bool:
         """Whether step `step` of this phase is among its first gain_steps (None: none seen yet)."""
@@ -179,6 +182,7 @@ class AboveStart(Monitor):
         self.gains = (self.gains + [m.update_gain])[-window:]
         self.jumped = (self.jumped + [jump])[-window:]
         self.first_gains.append(m.update_gain)
+        self.first_scales.append(m.lr_scale)
         last = not self.wants_gain(m.step + 1)  # the phase's last measured step: its jumps are judged
         gain = _mid(self.gains) if len(self.gains) == window else None
         # min_gain and SOUND_GAIN are a young model's (random weights): from trained weights (train.init_from)
@@ -224,14 +228,20 @@ class AboveStart(Monitor):
         median gain of all its measured steps under SOUND_GAIN. A decade's cut off the gain's floor
         (0.1-0.2 however far too high) can land 1.3-3x over a sound LR, where the 7-step medians stay
         over min_gain and the gradient norm does not die away: debug-mod at 20x, cut to 2x, gains 0.67
-        (sound: 0.75-0.8), ended 4.22 against 3.98 clean (150 steps). Halved (too_high.py NEAR_SOUND)."""
-        gain = _mid(self.first_gains)
-        if gain is None or len(self.first_gains) < self.cfg.gain_window or not self._young():
+        (sound: 0.75-0.8), ended 4.22 against 3.98 clean (150 steps). Halved (too_high.py NEAR_SOUND).
+
+        Only the gains measured at the multiplier judged count: a ladder's cut in the phase (a spike's
+        rollback to a checkpoint inside it) leaves the steps before it measured at the LR before the cut.
+        Debug at 10x, seed 2: 8 steps at x0.316 (0.45-0.73) and 7 at the spike's x0.0316 (median 0.80)
+        read 0.66 together, cut x0.0316 to x0.0158 and capped its give-back there: 4.667 against 4.17."""
+        at = [g for g, s in zip(self.first_gains, self.first_scales) if s is None or math.isclose(s, m.lr_scale)]
+        gain = _mid(at)
+        if gain is None or len(at) < self.cfg.gain_window or not self._young():
             return None
         if gain >= SOUND_GAIN:  # the cut LR measured sound: the collapse leaves it be (_collapsed)
             self.sound_at = m.lr_scale
             return None
-        n = len(self.first_gains)
+        n = len(at)
         evidence = {"loss": m.loss, "start": self.start, "gain": gain, "min_gain": self.cfg.min_gain}
         evidence |= {"sound_gain": SOUND_GAIN, "gain_window": n, "since": self._since(m)}
         self.gains, self.jumped, self.over, self.grads, self.cut_level = [], [], [], [], m.loss
@@ -239,7 +249,8 @@ class AboveStart(Monitor):
             m,
             evidence,
             f"after a cut of an LR far too high, the updates delivered {gain:.2f} of the loss decrease their "
-            f"gradient promised (median of the phase's {n} measured steps, under the {SOUND_GAIN:g} of a sound LR)",
+            f"gradient promised (median of the phase's {n} steps measured at this LR, under the {SOUND_GAIN:g} of a "
+            "sound LR)",
             0.7,
         )
 
