@@ -9,11 +9,16 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from trimtab.config import RunConfig
 from trimtab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trimtab.data.junk import Verdict
+    from trimtab.data.junk_sample import Sampled
 
 log = logging.getLogger(__name__)
 SHOWN = 3  # junk documents named
@@ -32,8 +37,8 @@ class Screened:
 
 def screen(cfg: RunConfig, texts: Sequence[str], names: Sequence[str], path: str, key: str) -> Screened | None:
     """The junk screen of the documents `texts` (named `names`) read from `path`; None with data.garbage_filter=off or
-    none judged junk. Every document junk, judged whole, is refused as training refuses it (a source of junk alone:
-    packing.JunkSource); in a sample, said, as the sample cannot tell every document."""
+    none judged junk. Every document junk is refused as training refuses it (a source of junk alone:
+    packing.JunkSource); a sample all junk is judged whole first, as the sample cannot tell every document."""
     from trimtab.data.held_out import screened_out
     from trimtab.data.junk_sample import SAMPLE_CHARS, sampled_kinds
 
@@ -43,7 +48,11 @@ def screen(cfg: RunConfig, texts: Sequence[str], names: Sequence[str], path: str
     junky = np.array([v is not None for v in found.verdicts], dtype=bool)
     if not junky.any():
         return None
-    kinds = ", ".join(f"{n:,} {kind}" for kind, n in sorted(Counter(v.kind for v in found.verdicts if v).items()))
+    kinds = _kinds(found.verdicts)
+    if junky.all() and not found.whole:
+        found = _judged_whole(texts)  # the sample cannot tell a source of junk alone, which training refuses
+        junky = np.array([v is not None for v in found.verdicts], dtype=bool)
+        kinds = _kinds(found.verdicts)
     if found.whole and junky.all():
         raise ConfigError(
             f"{key} {path}: every one of its {len(texts):,} documents is junk ({kinds}; data/junk.py): training "
@@ -64,7 +73,21 @@ def screen(cfg: RunConfig, texts: Sequence[str], names: Sequence[str], path: str
         f"them): {', '.join(shown)}"
     )
     left_out = cfg.data.garbage_filter == "drop" or screened_out(cfg.data, cfg)
-    # a sample all junk: training refuses the source if every document is, which the sample cannot tell
-    alone = "every document sampled is junk; training refuses a source of junk alone: " if junky.all() else ""
-    log.warning("%s %s: %s%s", key, path, alone, said)
+    log.warning("%s %s: %s", key, path, said)
     return Screened(share, kinds, left_out)
+
+
+def _kinds(verdicts: Sequence[Verdict | None]) -> str:
+    """How many documents of each junk kind, e.g. "2 random characters, 5 word salad"."""
+    return ", ".join(f"{n:,} {kind}" for kind, n in sorted(Counter(v.kind for v in verdicts if v).items()))
+
+
+def _judged_whole(texts: Sequence[str]) -> Sampled:
+    """Every document judged whole, as training judges them (data/packing.py _screen): only when the sample is all
+    junk, where a warning let `plan --data` plan a source that training refuses; a rare case, so its full cost
+    (about 3 s a MB, junk_sample.py) is paid only there."""
+    from trimtab.data import junk
+    from trimtab.data.junk_sample import Sampled  # noqa: F811 (the runtime import; lazy, as the screen's are)
+
+    verdicts, _ = junk.spare_repeats(list(texts), junk.kinds(list(texts)))
+    return Sampled(np.arange(len(texts), dtype=np.int64), verdicts, True)
