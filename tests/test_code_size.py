@@ -15,7 +15,6 @@ LONGER = {
     "orchestrator/core.py:_observe",
     "orchestrator/rl_reward.py:observe",
     "orchestrator/rl_health.py:observe",
-    "data/prepare.py:_prepare",
 }
 
 

@@ -29,7 +29,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -162,39 +162,63 @@ def _prepare(
             manifest, out, files, lambda paths: [d.text for d in _sample(paths, options, hint)], shared
         )
     workers = workers or os.cpu_count() or 1
-    jobs = _jobs(manifest, files, workers, options.format)
-    start, done_tokens, skipped, shown, kinds, garbage, spared = time.perf_counter(), 0, 0, [], Counter(), [], 0
-    spared_shown: list[str] = []
-    repeated = 0  # documents of repeated text kept, most of the sample being so (junk.spare_repeats)
-    for i, result in enumerate(_run(jobs, out, manifest, options, workers, hint), start=1):
-        for line in result["warnings"]:
-            log.warning("%s", line)
-        _merge(manifest, result)
-        write_manifest(out, manifest)
-        skipped += sum(stats.get("skipped", 0) for stats in result["files"].values())
-        shown += result["skipped"]
-        kinds.update(result["kinds"])
-        garbage += [_place(manifest["files"][n]["path"], line, why) for n, line, why in result["garbage"]]
-        spared += result["spared"]
-        spared_shown += [_place(manifest["files"][n]["path"], line, why) for n, line, why in result["spared_shown"]]
-        repeated += result.get("repeated", 0)
-        done_tokens += sum(s["tokens"] for s in result["shards"])
-        rate = done_tokens / max(time.perf_counter() - start, 1e-9)
-        log.info("prepared %d/%d jobs: %s tokens so far (%.0f tokens/s)", i, len(jobs), f"{done_tokens:,}", rate)
-    write_manifest(out, manifest)
-    if skipped:
-        log.warning("%s", skipped_line(skipped, shown))
-    if spared:
-        log.warning("%s", quality.spared_line(spared, "the sources", spared_shown[: quality.SHOWN]))
-    if repeated:
-        log.warning("%s", junk.repeats_line(repeated, None, "the sources"))
-    if kinds:
-        log.warning("%s", _garbage_line(manifest, kinds, garbage, options.garbage_filter == "drop"))
+    tally = _run_all(_jobs(manifest, files, workers, options.format), out, manifest, options, workers, hint)
+    _say_tally(manifest, tally, options)
     if small:
         log.warning("%s", junk.unjudged_line(small))
     if shared and manifest.get("boilerplate", {}).get("lines"):  # measured on this run's sample
         log.info("%s", boilerplate.said(manifest["boilerplate"]))
     return manifest
+
+
+@dataclass
+class _Tally:
+    """What the jobs found across the sources, said once at the end (_say_tally)."""
+
+    skipped: int = 0
+    shown: list[str] = field(default_factory=list)
+    kinds: Counter[str] = field(default_factory=Counter)
+    garbage: list[str] = field(default_factory=list)
+    spared: int = 0
+    spared_shown: list[str] = field(default_factory=list)
+    repeated: int = 0  # documents of repeated text kept, most of the sample being so (junk.spare_repeats)
+
+
+def _run_all(
+    jobs: list[list[Item]], out: Path, manifest: dict[str, Any], options: Options, workers: int, hint: str
+) -> _Tally:
+    """Runs the jobs, merging each result into the manifest as it lands (so an interruption keeps it)."""
+    tally, start, done_tokens = _Tally(), time.perf_counter(), 0
+    for i, result in enumerate(_run(jobs, out, manifest, options, workers, hint), start=1):
+        for line in result["warnings"]:
+            log.warning("%s", line)
+        _merge(manifest, result)
+        write_manifest(out, manifest)
+        tally.skipped += sum(stats.get("skipped", 0) for stats in result["files"].values())
+        tally.shown += result["skipped"]
+        tally.kinds.update(result["kinds"])
+        tally.garbage += [_place(manifest["files"][n]["path"], line, why) for n, line, why in result["garbage"]]
+        tally.spared += result["spared"]
+        tally.spared_shown += [
+            _place(manifest["files"][n]["path"], line, why) for n, line, why in result["spared_shown"]
+        ]
+        tally.repeated += result.get("repeated", 0)
+        done_tokens += sum(s["tokens"] for s in result["shards"])
+        rate = done_tokens / max(time.perf_counter() - start, 1e-9)
+        log.info("prepared %d/%d jobs: %s tokens so far (%.0f tokens/s)", i, len(jobs), f"{done_tokens:,}", rate)
+    write_manifest(out, manifest)
+    return tally
+
+
+def _say_tally(manifest: dict[str, Any], tally: _Tally, options: Options) -> None:
+    if tally.skipped:
+        log.warning("%s", skipped_line(tally.skipped, tally.shown))
+    if tally.spared:
+        log.warning("%s", quality.spared_line(tally.spared, "the sources", tally.spared_shown[: quality.SHOWN]))
+    if tally.repeated:
+        log.warning("%s", junk.repeats_line(tally.repeated, None, "the sources"))
+    if tally.kinds:
+        log.warning("%s", _garbage_line(manifest, tally.kinds, tally.garbage, options.garbage_filter == "drop"))
 
 
 def _require_text(sources: list[str], out: Path, options: Options, hint: str) -> None:
@@ -433,7 +457,7 @@ def _jobs(manifest: dict[str, Any], files: list[tuple[int, Path, bool]], workers
 
 
 def _run(
-    jobs: list, out: Path, manifest: dict[str, Any], options: Options, workers: int, hint: str
+    jobs: list[list[Item]], out: Path, manifest: dict[str, Any], options: Options, workers: int, hint: str
 ) -> Iterator[dict[str, Any]]:
     """Each job's result as it completes: in this process for one job or one worker (then the
     tokenizer's own threads use every core), else in a pool of processes with a thread each."""
