@@ -1,8 +1,9 @@
 """The LR an orchestrator cut, given back once the run is quiet, a part of InstabilityLadder (ladder.py): the
-ladder's cuts, the withheld guard's (withheld.py) and above_start's (too_high.py) enter one debt, repaid x2 at a
-time after a quiet window, never past the ceiling each cut set. Instability after a give-back says the cut was
-needed: the debt is tried once more after twice the wait (a stretch of bad data may have come with the first
-try), and kept for the rest of the run after a second failure."""
+ladder's cuts, the withheld guard's (withheld.py) and above_start's (too_high.py) enter a stack of debts, the newest
+repaid first, x2 at a time after a quiet window, each never past the ceiling its own cut set (one least ceiling over
+all cuts let a late cut's cap an earlier one's: debug at 10x its LR, seed 2, stayed at x0.22 to the end).
+Instability after a give-back says the cut was needed: the debt is tried once more after twice the wait (a stretch
+of bad data may have come with the first try), and kept for the rest of the run after a second failure."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ class GiveBack:
     ladder: Any  # ladder.py Ladder: last_step, the newest instability finding
     last_lr_change: int
     lr_debt: float  # product of the LR cuts not yet given back
-    lr_ceiling: float  # the multiplier before the first of them (or lower, a cut's ceiling): never passed
+    lr_ceiling: float  # the multiplier before the newest (or lower, its cut's ceiling): its give-backs never pass it
+    lr_below: list[list[float]]  # the older cuts under it, [debt, ceiling] each, oldest first
     last_restore: int  # step of a give-back still on probation (-1: none)
     restore_failed: int  # give-backs instability followed (older checkpoints: a bool, True one)
 
@@ -30,7 +32,7 @@ class GiveBack:
         """After `wait` quiet steps (doubled after a failed give-back) a cut LR is given back x2, never past
         the ceiling, unless TRIES give-backs were followed by instability (the cut was needed)."""
         self._judge_give_back()
-        if self.lr_debt >= 1 or self.restore_failed >= TRIES:
+        if (self.lr_debt >= 1 and not self.lr_below) or self.restore_failed >= TRIES:
             return None
         # a short run's wait is an eighth of it, yet no cut is given back before its outcome is judged
         wait = min(self.cfg.lr_restore_after, max(self.cfg.outcome_after, view.total_steps // 8))
@@ -38,14 +40,17 @@ class GiveBack:
         calm = step - max(self.ladder.last_step, self.last_lr_change)
         if not wait or calm < wait:
             return None
-        factor = min(2.0, 1 / self.lr_debt, self.lr_ceiling / view.lr_scale)
-        if factor <= 1 + 1e-9:  # the multiplier is back where the cut began (a person set it): nothing owed
-            self.lr_debt = 1.0
+        factor = min(2.0, 1 / self._newest(), self.lr_ceiling / view.lr_scale)
+        if factor <= 1 + 1e-9:  # back where the newest cut began (or a person set it): it owes nothing more
+            self._repaid()
             return None
 
         def commit() -> None:
+            done = self._newest() * factor >= 1 - 1e-9 or self.lr_ceiling / view.lr_scale <= factor + 1e-9
             self.lr_debt = min(1.0, self.lr_debt * factor)
             self.last_lr_change = self.last_restore = step
+            if done:
+                self._repaid()
 
         again = " once more, after a give-back instability followed, at twice the wait" if self.restore_failed else ""
         return Remedy(
@@ -72,6 +77,16 @@ class GiveBack:
         """An applied LR cut that quiet may give back: the multiplier it was cut from bounds that (and
         `ceiling`: the withheld guard's cut takes back a raise above the schedule for good; above_start's,
         the LR found too high)."""
-        if self.lr_debt >= 1:
-            self.lr_ceiling = lr_scale
-        self.lr_ceiling, self.lr_debt = min(self.lr_ceiling, ceiling), self.lr_debt * factor
+        if self.lr_debt < 1:  # a debt of its own on top: the older one keeps its own ceiling
+            self.lr_below = [*self.lr_below, [self._newest(), self.lr_ceiling]]
+        self.lr_ceiling, self.lr_debt = min(lr_scale, ceiling), min(1.0, self.lr_debt) * factor
+
+    def _newest(self) -> float:
+        """What the newest cut still owes: the debt less the older cuts'."""
+        return self.lr_debt / math.prod(debt for debt, _ in self.lr_below)
+
+    def _repaid(self) -> None:
+        """The newest cut is given back up to its ceiling (the rest of it is kept): the one under it is next."""
+        self.lr_debt = math.prod(debt for debt, _ in self.lr_below) if self.lr_below else 1.0
+        self.lr_ceiling = self.lr_below[-1][1] if self.lr_below else 1.0
+        self.lr_below = self.lr_below[:-1]

@@ -33,6 +33,7 @@ STATE = (
     "last_lr_change",
     "lr_debt",
     "lr_ceiling",
+    "lr_below",
     "last_restore",
     "restore_failed",
     "probe_baseline",
@@ -141,6 +142,7 @@ class Policy(InstabilityLadder):
         self.last_lr_change = -(10**9)  # step of the last LR decision applied (cooldown / grace period)
         self.lr_debt = 1.0  # product of the ladder's LR cuts not yet given back
         self.lr_ceiling = 1.0  # the multiplier they were cut from: give-backs stop there
+        self.lr_below: list[list[float]] = []  # older LR debts under that one, [debt, ceiling] each (give_back.py)
         self.last_restore = -1  # step of a give-back still on probation
         self.restore_failed = 0  # give-backs instability followed (give_back.py)
         self.probe_baseline: float | None = None  # held-out loss at the last good checkpoint
