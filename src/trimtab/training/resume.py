@@ -347,13 +347,13 @@ def _on_disk(record: Any, step: int) -> dict[str, Any] | None:
 
 
 def _kept(run_dir: Path, record: dict[str, Any]) -> str:
-    names = ", ".join(f"{r['checkpoint']} ({short_reason(r['reason'])}{_where(r)})" for r in record["refused"])
+    names = ", ".join(f"{r['checkpoint']} ({short_reason(r['reason'])}{_lies(r)})" for r in record["refused"])
     where = checkpoint_root(run_dir) / CORRUPT
     bound = "never resumed from; it keeps the newest checkpoint.keep"
     return f"; corrupt newer checkpoint(s) set aside in {where} ({bound}): {names}"
 
 
-def _where(refused: dict[str, Any]) -> str:
+def _lies(refused: dict[str, Any]) -> str:
     """Where a refused checkpoint is: corrupt/ (""), pruned from there, or left in the object store."""
     if refused.get("store"):
         return f"; in {refused['store']}, not downloaded"
