@@ -174,3 +174,15 @@ def test_a_persons_skip_is_not_made_up_and_the_make_up_says_whose_it_makes_up(tm
     assert made.evidence["withheld_steps"] == [11] and made.evidence["person_skips"] == [10]
     assert "of bad steps (the orchestrator's)" in made.reasoning
     assert "step(s) 10 a person withheld (`trimtab ctl skip-step`) are theirs, not made up" in made.reasoning
+
+
+def test_a_flagged_update_a_rollback_moves_past_step_0_still_keeps_checkpoints_bad(tmp_path):
+    """The update that stood at step 10, rolled back from 12 to step 0: -2 read as none (saves.py: < 0), and a
+    checkpoint of the replay's first steps was good on its probe alone, as if no flagged update had stood."""
+    orchestrator, run = _orchestrator(tmp_path, probe=4.8)
+    _nan(orchestrator, run, 10, withheld=False)
+    orchestrator.last_step, run.step = 12, 0
+    orchestrator.on_rollback(run, {})
+    assert orchestrator.stood_at == 0
+    run.step = 3
+    assert not orchestrator.healthy(run)  # 3 steps after it: not settled

@@ -34,7 +34,7 @@ from trimtab.orchestrator.monitors import Finding, Rolling, StepMetrics
 from trimtab.orchestrator.outcomes import Outcomes, _continued
 from trimtab.orchestrator.outliers import OutlierRows, all_gated, gate_finding, left_out_once, merged_into
 from trimtab.orchestrator.people import PersonCommands
-from trimtab.orchestrator.policy import Policy
+from trimtab.orchestrator.policy import Policy, shifted
 from trimtab.orchestrator.replicas import Replicas, unchecked
 from trimtab.orchestrator.rl_held_out import held_out_counts
 from trimtab.orchestrator.rl_stats import nan_weights
@@ -301,7 +301,7 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
         self.rolling_back = self.emergency = None
         self.policy.shift(self.last_step - run.step)
         self.policy.updated_at = min(self.policy.updated_at, run.step)  # the restored weights' last update
-        self.stood_at -= (self.last_step - run.step) if self.stood_at >= 0 else 0  # as the ladder's steps
+        self.stood_at = shifted(self.stood_at, self.last_step - run.step)  # as the ladder's steps (-1: none)
         self.incident[1] -= self.last_step - run.step  # its quiet window counts the steps trained, as the ladder's
         if self.make_up is not None:
             self.make_up.rolled_back(run.step)

@@ -135,7 +135,7 @@ class RLIncident:
             self.rollbacks, self.rollback_at, self.rule = 0, -1, ""
 
 
-def _shifted(mark: int, steps: int) -> int:
+def shifted(mark: int, steps: int) -> int:
     """A step mark whose -1 means none, moved back by a rollback over `steps`: never to -1 or below."""
     return max(0, mark - steps) if mark >= 0 else -1
 
@@ -358,16 +358,16 @@ class Policy(InstabilityLadder):
         ladder.recent = [s - steps for s in ladder.recent]
         # a finding is kept at step 0 at the least: -1 reads as none (a finding at 9, rolled back from 10 to 0, let a
         # plateau raise through at once, and a finding below 0 was no longer moved by the next rollback)
-        ladder.last_step = _shifted(ladder.last_step, steps)
+        ladder.last_step = shifted(ladder.last_step, steps)
         self.last_lr_change -= steps
         # not judged failed, a give-back stays on probation (its LR is kept for the replay), at step 0 at the least
-        self.last_restore = _shifted(self.last_restore, steps)
+        self.last_restore = shifted(self.last_restore, steps)
         self.lr_too_high_at -= steps
         self.unstable_at -= steps
         self._shift_raise(steps)
         # rollback_at and broken_at stay: the replay must train past those very steps (ladder.py: _clear)
         self.fresh_probe = None  # of weights the rollback took back
-        self.rl.last_step = _shifted(self.rl.last_step, steps)
+        self.rl.last_step = shifted(self.rl.last_step, steps)
         self.rl_knobs.shift(steps)
         self.data.shift()
         self.withheld.shift()
