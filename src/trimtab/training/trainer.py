@@ -143,6 +143,7 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
         # From here a signal finishes the step, saves and returns (before, it ended start-up).
         with handle_signals(self), self.watchdog.watching():
             self._call("on_train_start")
+            self._deliver_findings()  # a restart's or fallback's finding: journaled before the first step's
             self.control.apply()  # what hooks decided at the start (rows the data screen flagged) holds from step 1
             if self.resumed_from is None:
                 self.save()  # the initial weights: a good state to return to before any other exists
