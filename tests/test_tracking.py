@@ -188,3 +188,27 @@ def test_a_failing_tracker_never_breaks_training(tmp_path, monkeypatch, caplog):
 def test_a_tracker_setting_that_cannot_work_is_refused_naming_its_key(key, value):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(preset="debug", sets=[f"{key}={value}"])
+
+
+def test_a_tracking_server_that_is_down_fails_the_start_at_once(tmp_path, monkeypatch):
+    """log.mlflow.uri=http://127.0.0.1:9 (nothing listens): MLflow's 7 retries a request inside our 5 connects held
+    the run's start for over 10 minutes. A server is tried once, with MLflow's retries at 2 unless set; a SQLite
+    store keeps the retries its first writers' race needs."""
+    pytest.importorskip("mlflow")
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    monkeypatch.setattr(tracking.time, "sleep", lambda s: None)
+    made = []
+
+    def refused(tracking_uri):
+        made.append(tracking_uri)
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    run = type("Run", (), {"cfg": load_config(preset="debug")})()
+    for uri, tries in (("http://127.0.0.1:9", 1), (f"sqlite:///{tmp_path / 'm.db'}", 5)):
+        made.clear()
+        tracker = tracking.MlflowTracker(tracking.MlflowConfig(enabled=True, uri=uri), tmp_path / "r")
+        monkeypatch.setattr("mlflow.tracking.MlflowClient", refused)
+        with pytest.raises(ConnectionRefusedError):
+            tracker.start(run)
+        assert made == [uri] * tries
+    assert tracking.os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"

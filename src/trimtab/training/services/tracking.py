@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import threading
 import time
 import uuid
@@ -211,6 +212,9 @@ class Tracker(Hook):
     def end(self, summary: dict[str, Any]) -> None: ...
 
 
+HTTP_RETRIES = 2  # MLFLOW_HTTP_REQUEST_MAX_RETRIES unless the environment sets it (MlflowTracker.start)
+
+
 class MlflowTracker(Tracker):
     """MLflow through MlflowClient with an explicit run id (no global active run: several runs in
     one process, such as tune's trials, never cross). Decisions: a metric `decision/<action>` at
@@ -229,6 +233,10 @@ class MlflowTracker(Tracker):
     def start(self, run: RunView) -> None:
         from mlflow.tracking import MlflowClient
 
+        # MLflow retries each HTTP request 7 times with a doubling backoff (about 4 minutes): a server that is
+        # down held the run's start for over 10 minutes (log.mlflow.uri=http://127.0.0.1:9, 5 connects), and
+        # each later call would stall training as long before the tracker gave up. 2 retries (6 s) unless set.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(HTTP_RETRIES))
         exp_id = self.connect(MlflowClient, self.cfg.experiment or run.cfg.preset)
         if self.run_id is not None:  # a resumed run continues its tracked run
             self.client.update_run(self.run_id, status="RUNNING")
@@ -248,7 +256,9 @@ class MlflowTracker(Tracker):
 
     def connect(self, client: type, name: str, tries: int = 5) -> str:
         """The client, and the experiment's id (created if new). Processes starting together on a
-        new store (tune's workers) race to create its tables and the experiment: losers retry."""
+        new store (tune's workers) race to create its tables and the experiment: losers retry. A server
+        (http, https) has no such race, and its client retries on its own: tried once."""
+        tries = 1 if self.uri.startswith(("http://", "https://")) else tries
         for attempt in range(1, tries):
             try:
                 self.client = client(tracking_uri=self.uri)
