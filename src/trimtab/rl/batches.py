@@ -460,6 +460,8 @@ class RolloutLoader(Ordered):
         queued["max_staleness"] = self.max_staleness if self._queue else 0  # ahead may hold fewer (a failure)
         logged = [asdict(_Logged.of(b)) for b in self._window]  # every rank's figures already (all_sum, settle)
         queued["difficulty"] = self.difficulty  # the problems drawn from (a curriculum's: an exact resume)
+        # the ceiling found (each batch's `top`): without it a resumed run raised past it again, journaled as failed
+        queued["top"] = self.top_difficulty
         return {**queued, "version": self.version, "draws": self.draws, "log_window": logged, **self.order.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -469,6 +471,7 @@ class RolloutLoader(Ordered):
             curriculum.set_difficulty(self, state["difficulty"])
         self.order.load_state_dict(state, "RL")
         self.seed, self.draws = state["seed"], state["draws"]
+        self.top_difficulty = state.get("top", 0)  # older checkpoints: none found
         # the next log line averages the steps since the last one, as without the stop
         self._window = [_Logged(**w) for w in state.get("log_window", [])]
         self.version = state.get("version", 0)
