@@ -39,6 +39,7 @@ class TooHighLR:
     unstable_at: int
     phase_start: int
     too_high_gain: list[float] | None  # [phase_start, update gain] of the last gain-based cut (None: none yet)
+    raised: list[Any]  # [step, factor, what] of a person's last LR raise ([]: none; raised.py)
 
     def _lr_too_high(self, f: Finding, view: Any) -> Remedy:
         """Training makes the model worse than where the phase started: the LR is too high. Cut
@@ -46,6 +47,8 @@ class TooHighLR:
         floor (past it for a gain that rose with the last cut: _responds); the cut is owed back part
         way (OWED). At the floor, the ladder's last rungs: a rollback, then a stop."""
         self.ladder.last_step = f.step
+        if (undone := self._raise_undone(f, view)) is not None:
+            return undone
         if "jumped_steps" in f.evidence:
             return self._warm_up_rows(f, view)
         before = self.too_high_gain[1] if self.too_high_gain and self.too_high_gain[0] == self.phase_start else None
@@ -82,6 +85,24 @@ class TooHighLR:
                 "steps; training goes on: lower optim.lr",
             )
         return self._rollback(view)
+
+    def _raise_undone(self, f: Finding, view: Any) -> Remedy | None:
+        """A person raised the LR in this phase (raised.py: `ctl set-lr`/`scale-lr` above it, a resumed phase's
+        LR edited up), no LR decision since, and the LR reads too high after it: the raise is the suspect, not
+        the rows its steps trained. Undone as the ladder undoes one (raised.py _undo_raise: back to the LR before
+        it, no deeper than above_start.lr_factor) with the rollback a cut makes; None without such a raise."""
+        if not self.raised or self.raised[0] < self.phase_start or f.step <= self.raised[0]:
+            return None
+        # debug finetuned at x100 from step 41 (`ctl scale-lr 100`): above_start at 45 cut x0.1 from the raised
+        # level with the journal silent on the raise, and jumped steps' rows were blamed where a raise preceded them
+        undone = self._undo_raise(view, f.step)
+        if undone is None:
+            return None
+        factor, words = undone
+        at, raise_, what = self.raised
+        why = f"{f.summary}: the LR is too high{words}; the raise is the suspect, not the rows its steps trained"
+        evidence = {"person_raise": {"step": at, "factor": raise_, "by": what}}
+        return self._cut_remedy(f, view, factor, why, evidence, self._cut_commit(f, factor, view.lr_scale))
 
     def _cut_commit(self, f: Finding, factor: float, lr_scale: float) -> Any:
         """What applying the cut records: the LR change, its debt (OWED), the gain it answered."""
@@ -124,9 +145,10 @@ class TooHighLR:
                 reasoning=why + f"; the steps since step {last_good} (the last good checkpoint, saved before "
                 "the loss rose) trained at that LR and left the weights worse than they started: restore it and "
                 "train them again at the lower LR (the data was not at fault)",
+                evidence=evidence,
                 commit=lambda: cut(last_good),
             )
-        return Remedy(action="scale_lr", params={"factor": factor}, reasoning=why, commit=cut)
+        return Remedy(action="scale_lr", params={"factor": factor}, reasoning=why, evidence=evidence, commit=cut)
 
     def _warm_up_rows(self, f: Finding, view: Any) -> Remedy:
         """The first steps' updates overshot only on steps whose loss jumped back up (or such steps
