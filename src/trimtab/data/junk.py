@@ -188,19 +188,20 @@ class Verdict:
         return Verdict(KINDS[int(code) - 1], float(score), float(bar), span) if code >= 1 else None
 
 
-def kinds(texts: Sequence[str], reference: Bigrams | None = None) -> list[Verdict | None]:
+def kinds(texts: Sequence[str], reference: Bigrams | None = None, mostly: bool | None = None) -> list[Verdict | None]:
     """Each document's junk verdict, None for none. Word salad is judged against `reference`'s
     bigrams (default: the documents' own, less the large ones `alone` names), when it holds CORPUS_WORDS
     (SMALL_WORDS: by the small-source rule, whose bar is SMALL_BITS), in pieces of PIECE_WORDS. Documents under
     MIN_CHARS characters are not judged. Random characters (quality.random_characters) are judged in every
     document, by the document alone: the packing screen judges a document against its own source's median,
-    which a source made of them sets."""
+    which a source made of them sets. `mostly`: whether their source is mostly word salad (`mostly_salad`, on its
+    sample); None: judged on `texts` themselves."""
     found = alone(texts)
     if reference is None and found:  # their pairs are noise: the rest's own reference holds without them
         rest = [t for i, t in enumerate(texts) if i not in found]
         reference = Bigrams.of([words(t) for t in rest], rest) if rest else None
     verdicts = _judged(texts, reference)
-    if _mostly_salad(texts, verdicts, reference):
+    if _mostly_salad(texts, verdicts, reference) if mostly is None else mostly:
         verdicts = _judged(texts, reference, small=True)
     return [found.get(i, verdict) for i, verdict in enumerate(verdicts)]
 
@@ -211,11 +212,19 @@ def _mostly_salad(texts: Sequence[str], verdicts: Sequence[Verdict | None], refe
     salad, whose random pairs a real document's pairs are no likelier than, so the full rule (SALAD_BITS) named real
     pages too: 800 documents of salad of licence words beside 50 licence paragraphs, 22 of the 50 named, in training
     and prepare alike. The small-source rule's second witness, each document's own word order (word_order.py), spares
-    them (1 of 50; 747 of the 800 salad still named). Prepare judges it by batch (shards.ENCODE_CHARS), not source."""
+    them (1 of 50; 747 of the 800 salad still named). Prepare judges it per source, on its sample (`mostly_salad`)."""
     lengths = np.array([len(_WORD.findall(t)) for t in texts], dtype=np.int64)
     full = (int(lengths.sum()) if reference is None else reference.total) >= CORPUS_WORDS
     salad = np.array([v is not None and v.kind == "word salad" for v in verdicts], dtype=bool)
     return full and bool(lengths[salad].sum() >= MOSTLY_SALAD * max(int(lengths.sum()), 1))
+
+
+def mostly_salad(texts: Sequence[str], reference: Bigrams) -> bool:
+    """Whether a source's sample (`texts`, `reference`: their word pairs, `reference()`) is mostly word salad
+    (`_mostly_salad`): prepare then judges each batch of the source by the small-source rule, as training judges the
+    source whole. Judged per batch (shards.ENCODE_CHARS, one file's documents), a file of real pages beside a larger
+    file of salad was under the bar: 68 of 300 real paragraphs named (docs/data.md)."""
+    return _mostly_salad(texts, kinds(texts, reference, mostly=False), reference)
 
 
 def alone(texts: Sequence[str]) -> dict[int, Verdict]:

@@ -35,11 +35,12 @@ from typing import Any
 
 import numpy as np
 
-from trimtab.data import boilerplate, formats, junk, quality, references, windows
+from trimtab.data import boilerplate, formats, junk, quality, references, stretches, windows
 from trimtab.data.listing import shown, source_files
+from trimtab.data.prepare_report import garbage_line, skipped_line
 from trimtab.data.prepare_tokenizer import directory_tokenizer
 from trimtab.data.prepared import MANIFEST_VERSION, PreparedData, read_manifest, sha256_file, write_manifest
-from trimtab.data.shards import BIGRAMS, PACKING, SKIP_HINT, SKIPPED_SHOWN, Item, Options, run_job, save_bigrams
+from trimtab.data.shards import BIGRAMS, SKIP_HINT, Item, Options, run_job, save_bigrams
 from trimtab.data.sources import Document, _Reader, _take_bytes, record_documents
 from trimtab.data.tokenizer import MIN_VOCAB, TextTokenizer
 from trimtab.errors import DataError
@@ -182,6 +183,7 @@ class _Tally:
     spared: int = 0
     spared_shown: list[str] = field(default_factory=list)
     repeated: int = 0  # documents of repeated text kept, most of the sample being so (junk.spare_repeats)
+    stretches: list[tuple[str, int, int, str]] = field(default_factory=list)  # junk inside text files (stretches.py)
 
 
 def _run_all(
@@ -203,6 +205,7 @@ def _run_all(
             _place(manifest["files"][n]["path"], line, why) for n, line, why in result["spared_shown"]
         ]
         tally.repeated += result.get("repeated", 0)
+        tally.stretches += [(manifest["files"][n]["path"], *where) for n, *where in result["stretches"]]
         done_tokens += sum(s["tokens"] for s in result["shards"])
         rate = done_tokens / max(time.perf_counter() - start, 1e-9)
         log.info("prepared %d/%d jobs: %s tokens so far (%.0f tokens/s)", i, len(jobs), f"{done_tokens:,}", rate)
@@ -218,7 +221,9 @@ def _say_tally(manifest: dict[str, Any], tally: _Tally, options: Options) -> Non
     if tally.repeated:
         log.warning("%s", junk.repeats_line(tally.repeated, None, "the sources"))
     if tally.kinds:
-        log.warning("%s", _garbage_line(manifest, tally.kinds, tally.garbage, options.garbage_filter == "drop"))
+        log.warning("%s", garbage_line(manifest, tally.kinds, tally.garbage, options.garbage_filter == "drop"))
+    if tally.stretches:
+        log.warning("%s", stretches.line(tally.stretches, options.garbage_filter == "drop"))
 
 
 def _require_text(sources: list[str], out: Path, options: Options, hint: str) -> None:
@@ -248,7 +253,8 @@ def _measure_scale(
         return False
     docs = _sample(files, options, hint)
     texts = [doc.text for doc in docs]
-    save_bigrams(out, junk.reference(texts))
+    save_bigrams(out, bigrams := junk.reference(texts))
+    manifest["salad"] = junk.mostly_salad(texts, bigrams)  # mostly word salad: judged so per source (data/junk.py)
     manifest["repeated"] = junk.repeated_fraction(texts)  # mostly repeated text: kept as meant (junk.spare_repeats)
     manifest["boilerplate"] = boilerplate.measure(texts)  # lines across many documents: said, not removed
     if "garbage" in manifest:  # a directory prepared before its word pairs were kept
@@ -320,32 +326,6 @@ def _place(path: str, line: int, why: str = "") -> str:
     `why` (junk.Verdict's words, a dump's byte range among them) in brackets, as a run's console says it."""
     place = f"{path}:{line}" if line else path
     return f"{place} ({why})" if why else place
-
-
-def _garbage_line(manifest: dict[str, Any], kinds: Counter[str], names: list[str], dropped: bool) -> str:
-    """One console line for the documents this prepare flagged, by kind (`kinds`: shards.PACKING or
-    one of junk.KINDS, each with its count); the files prepared before it have their own counts in
-    the manifest."""
-    count = sum(kinds.values())
-    places = ", ".join(names[: quality.SHOWN]) + (", ..." if count > quality.SHOWN else "")
-    done = "left out (--garbage-filter drop)" if dropped else "kept; --garbage-filter drop leaves them out"
-    said = []
-    if kinds[PACKING]:
-        scale = manifest["garbage"]
-        said.append(
-            f"{kinds[PACKING]:,} pack under {scale['threshold']:.2f}x the sources' median {scale['median']:.2f} bytes "
-            "per token, as random bytes, base64, hex dumps, mis-encoded text and scripts "
-            "the tokenizer does not know do"
-        )
-    said += [f"{kinds[kind]:,} {kind} ({junk.SAID[kind]})" for kind in junk.KINDS if kinds[kind]]
-    return f"{count:,} documents flagged (counted per file in the manifest): {'; '.join(said)}: {places}; {done}"
-
-
-def skipped_line(count: int, where: list[str]) -> str:
-    """One console line for the malformed records a prepare skipped: how many, the first few
-    (the manifest counts them per file)."""
-    places = ", ".join(where[:SKIPPED_SHOWN]) + (", ..." if count > min(len(where), SKIPPED_SHOWN) else "")
-    return f"skipped {count:,} malformed record{'s' if count != 1 else ''}: {places}"
 
 
 def _new_manifest(options: Options) -> dict[str, Any]:
@@ -468,9 +448,10 @@ def _run(
         scale = {**scale, "repeated": manifest["repeated"]}
     refs = [references.of_job(manifest, job) for job in jobs]  # each file's source's junk reference
     shares = [references.repeated_of_job(manifest, job) for job in jobs]  # ... and its share of repeated text
+    salads = [references.salad_of_job(manifest, job) for job in jobs]  # ... and whether it is mostly word salad
     args = [
-        (job, str(out), manifest["dtype"], asdict(options), hint, scale, ref, share)
-        for job, ref, share in zip(jobs, refs, shares)
+        (job, str(out), manifest["dtype"], asdict(options), hint, scale, ref, share, salad)
+        for job, ref, share, salad in zip(jobs, refs, shares, salads)
     ]
     if workers <= 1:
         yield from (run_job(*a) for a in args)

@@ -58,12 +58,14 @@ def measure(
             entry.setdefault("bigrams", BIGRAMS)
             if shared and len(paths) == len(files):  # the shared sample is its own
                 entry.setdefault("repeated", manifest.get("repeated"))
+                entry.setdefault("salad", manifest.get("salad"))
             words = _words(out / entry["bigrams"])
         else:
             texts = sample(paths)
             # its own share of repeated text: a toy source beside real text spared the real one's loops (spare_repeats)
             entry["repeated"] = junk.repeated_fraction(texts)
             bigrams = junk.reference(texts)
+            entry["salad"] = junk.mostly_salad(texts, bigrams)  # judged per source, not per batch (data/junk.py)
             entry["bigrams"] = BIGRAMS if _same_sample(out, bigrams) else SOURCE_BIGRAMS.format(k)
             if entry["bigrams"] != BIGRAMS:
                 save_bigrams(out, bigrams, entry["bigrams"])
@@ -102,3 +104,11 @@ def repeated_of_job(manifest: dict[str, Any], job: list) -> dict[int, float]:
     sources, files, shared = manifest.get("sources", []), manifest["files"], manifest.get("repeated")
     found = {n: sources[files[n]["source"]].get("repeated", shared) for n, *_ in job}
     return {n: share for n, share in found.items() if share is not None}
+
+
+def salad_of_job(manifest: dict[str, Any], job: list) -> dict[int, bool]:
+    """{file number: whether its source's sample is mostly word salad} for a job's files (shards.run_job's `salad`,
+    junk.mostly_salad); a source measured before it was kept is absent: each batch judged by its own share."""
+    sources, files = manifest.get("sources", []), manifest["files"]
+    found = {n: sources[files[n]["source"]].get("salad") for n, *_ in job}
+    return {n: mostly for n, mostly in found.items() if mostly is not None}

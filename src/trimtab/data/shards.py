@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from trimtab.config import DataConfig
-from trimtab.data import formats, junk, quality
+from trimtab.data import formats, junk, quality, stretches
 from trimtab.data.prepared import sha256_file
 from trimtab.data.sources import Document, record_documents
 from trimtab.data.tokenizer import TextTokenizer
@@ -65,10 +65,12 @@ def run_job(
     scale: dict[str, float] | None = None,
     references: dict[int, str] | None = None,
     repeated: dict[int, float] | None = None,
+    salad: dict[int, bool] | None = None,
 ) -> dict[str, Any]:
     """Prepare `job`'s files into shards under `out`; `references`: each file's junk reference, the
     file beside the manifest its source's documents are judged against (default: BIGRAMS, the shared one);
-    `repeated`: each file's source's share of repeated text (default: `scale`'s, the shared sample's)."""
+    `repeated`: each file's source's share of repeated text (default: `scale`'s, the shared sample's); `salad`:
+    whether each file's source is mostly word salad (junk.mostly_salad; absent: judged per batch)."""
     tok = TextTokenizer.load(Path(out) / "tokenizer.json")
     uid = hashlib.sha256(json.dumps(job).encode()).hexdigest()[:12]
     span = job[0][3]  # a job is several whole files, or one piece of one
@@ -83,6 +85,7 @@ def run_job(
             if scale is not None:
                 encoder.bigrams = _reference(Path(out), (references or {}).get(n, BIGRAMS), loaded)
                 encoder.repeated_share = (repeated or {}).get(n, scale.get("repeated", 0.0))
+                encoder.mostly_salad = (salad or {}).get(n)
             try:
                 if not (named or piece) and _in_batches(Path(path), cfg):
                     # skipped whole, before any of it is written (a plain-text file's NUL byte too)
@@ -111,11 +114,7 @@ def run_job(
         "warnings": warnings,
         "span": span,
         "skipped": skipped,
-        "garbage": encoder.garbage,
-        "spared": encoder.spared,
-        "spared_shown": encoder.spared_shown,
-        "repeated": encoder.repeated,
-        "kinds": encoder.kinds,
+        **encoder.found(),
     }
 
 
@@ -162,13 +161,18 @@ class _InPieces:
     and tokens."""
 
     mark: tuple
+    file: int = 0
     chars: int = 0
     junk_chars: int = 0
     why: junk.Verdict | None = None
     n_bytes: int = 0
     n_tokens: int = 0
+    written: int = 0  # tokens written so far (a junk stretch's are not, with drop): what a drop at the end takes back
+    found: list[stretches.Stretch] = field(default_factory=list)  # its junk stretches (data/stretches.py)
 
     def add(self, text: str, n_tokens: int, why: junk.Verdict | None) -> None:
+        if why is not None:
+            self.found.append(stretches.Stretch(self.file, self.chars, self.chars + len(text), str(why)))
         self.chars += len(text)
         self.n_bytes += len(text.encode())
         self.n_tokens += n_tokens
@@ -193,6 +197,7 @@ class _Encoder:
     spared_shown: list[tuple[int, int, str]] = field(default_factory=list)  # (file, line, language) of the first
     repeated: int = 0  # documents of repeated text, most of the sample's: kept (junk.spare_repeats)
     repeated_share: float = 0.0  # the file's source's sample's share of repeated text (run_job)
+    mostly_salad: bool | None = None  # whether the file's source's sample is mostly word salad (run_job)
     # flagged documents by kind: junk.KINDS' (data/junk.py's verdict), PACKING for the packing screen's alone
     kinds: dict[str, int] = field(default_factory=dict)
     file: int = 0
@@ -201,8 +206,30 @@ class _Encoder:
     _batch: list[tuple[Document, bool, bool, int]] = field(default_factory=list)
     _chars: int = 0
     _pieces: _InPieces | None = None  # the document read in pieces now (_in_pieces)
+    # junk stretches of long text files kept (data/stretches.py): said, and left out with drop
+    stretches: list[stretches.Stretch] = field(default_factory=list)
+
+    def found(self) -> dict[str, Any]:
+        """What the screen found in the job, for prepare's report (prepare._run_all)."""
+        return {
+            "garbage": self.garbage,
+            "spared": self.spared,
+            "spared_shown": self.spared_shown,
+            "repeated": self.repeated,
+            "kinds": self.kinds,
+            "stretches": [(s.file, s.start, s.end, s.why) for s in self.stretches],
+        }
 
     def add(self, doc: Document | None, first: bool, last: bool, line: int) -> None:
+        if doc is not None and not (first and last) and self.scale is not None and len(doc.segments) == 1:
+            # a long text file's piece: judged in stretches, so junk inside a file of text is seen (stretches.py)
+            parts = stretches.split(doc.text) or [doc.text]
+            for i, part in enumerate(parts):
+                self._add(Document([(part, doc.segments[0][1])]), first and i == 0, last and i == len(parts) - 1, line)
+            return
+        self._add(doc, first, last, line)
+
+    def _add(self, doc: Document | None, first: bool, last: bool, line: int) -> None:
         stats = self.stats.setdefault(self.file, {"documents": 0, "tokens": 0, "skipped": 0})
         if doc is None:
             stats["skipped"] += 1
@@ -223,7 +250,8 @@ class _Encoder:
         packing, verdicts = self._screen(encoded)
         for (doc, first, last, line), pieces, packed, why in zip(self._batch, encoded, packing, verdicts):
             tokens, mask = [], []
-            if first and self.tok.prepends_bos(doc.text):
+            head = int(first and self.tok.prepends_bos(doc.text))
+            if head:
                 tokens.append(self.tok.bos_id)  # as data/packing.py: each document starts with it once
                 mask.append(False)
             for piece, (_, trainable) in zip(pieces, doc.segments):
@@ -233,7 +261,10 @@ class _Encoder:
                 tokens.append(self.tok.eos_id)
                 mask.append(doc.segments[-1][1] if doc.segments else True)
             if not (first and last):  # a piece of a long text file: its document judged at its end (_InPieces)
-                packed, why = self._in_pieces(doc, first, last, len(tokens), why)
+                stretch, (packed, why) = why, self._in_pieces(doc, first, last, len(tokens), why)
+                if self.drop and stretch is not None and np.isnan(packed):  # junk inside text: its ends only
+                    end = len(tokens) - int(last)
+                    tokens, mask = tokens[:head] + tokens[end:], mask[:head] + mask[end:]
             if not np.isnan(packed):
                 self.stats[self.file]["garbage"] = self.stats[self.file].get("garbage", 0) + 1
                 kind = why.kind if why else PACKING
@@ -243,13 +274,15 @@ class _Encoder:
                 if self.drop:
                     if not first:  # its pieces before this one are written: taken back
                         self.writer.rewind(self._pieces.mark)
-                        self.stats[self.file]["tokens"] -= self._pieces.n_tokens - len(tokens)
+                        self.stats[self.file]["tokens"] -= self._pieces.written
                     continue
             tokens_mask = np.array(tokens, dtype=np.int64), np.array(mask, dtype=bool)
             self.writer.add(*tokens_mask, last, self.file, line, packed, why)
             stats = self.stats[self.file]
             stats["tokens"] += len(tokens)
             stats["documents"] += int(last)
+            if not (first and last):
+                self._pieces.written += len(tokens)
         self._batch, self._chars = [], 0
 
     def _in_pieces(
@@ -261,11 +294,24 @@ class _Encoder:
         mean over its pieces); (NaN, None) else. Judged whole documents only, a 1.2 MB line of word salad, flagged
         in training, passed here."""
         if first:
-            self._pieces = _InPieces(self.writer.mark())
+            self._pieces = _InPieces(self.writer.mark(), self.file)
         self._pieces.add(doc.text, n_tokens, why if self.scale is not None else None)
         if not last or self._pieces.why is None or self._pieces.junk_chars < 0.5 * self._pieces.chars:
+            if last:  # kept: its junk stretches said (and, with drop, left out: flush)
+                self.stretches += stretches.merged(self._pieces.found)
             return math.nan, None
         return float(quality.packed(self._pieces.n_bytes, self._pieces.n_tokens)), self._pieces.why
+
+    def _reference(self, texts: list[str], whole: np.ndarray) -> junk.Bigrams | None:
+        """What a batch's word salad is judged against: the source's sample's word pairs (self.bigrams), but a batch
+        of a long text file's stretches (stretches.py) holding junk.CORPUS_WORDS is judged against itself, each
+        stretch against the others (None), as training judges a long document's pieces (junk.alone). The sample
+        holds the stretches' own pairs (a file under its share is sampled whole, one member) and they are not left
+        out of it: 400K characters of word salad in a 3 MB file scored 5.8 bits against it (real text: 6.5-7.3),
+        0.3 against the file's other stretches (real text 1.6, not prose; the bar 1.5)."""
+        if not whole.any() and junk.holds_words(texts, junk.CORPUS_WORDS):
+            return None
+        return self.bigrams
 
     def _screen(self, encoded: list[list[list[int]]]) -> tuple[np.ndarray, list[junk.Verdict | None]]:
         """float [batch]: the bytes per token of each whole document (not a piece of a text file)
@@ -292,7 +338,9 @@ class _Encoder:
             self.spared_shown += [(self.file, self._batch[i][3], said) for i, said in list(spared.items())[:room]]
         # junk that packs like text (mojibake, random letters; word salad against the sample's word pairs)
         texts = [doc.text for doc, *_ in self._batch]
-        verdicts = junk.kinds(texts, self.bigrams)
+        ref = self._reference(texts, whole)  # the source's rule, but for a file's stretches judged by themselves
+        source_rule = self.bigrams is not None and ref is self.bigrams
+        verdicts = junk.kinds(texts, ref, self.mostly_salad if source_rule else None)
         # a sample mostly of repeated text (a toy corpus): kept, said once at the end (prepare.py)
         verdicts, repeated = junk.spare_repeats(texts, verdicts, self.repeated_share)
         self.repeated += repeated

@@ -1,0 +1,65 @@
+"""Junk inside a long plain-text file that is mostly text: its stretches, judged and said on their own.
+
+A long text file is one document read in pieces (formats.TEXT_CHUNK_CHARS); it is flagged whole when its junk
+holds half its characters (shards._Encoder._in_pieces). Judged in pieces of 1M characters, 400K characters of
+word salad in the middle of a 3 MB file of prose held 40% of one piece and 13% of the file: nothing was named,
+and the salad was trained on. Each piece is judged in stretches of JUDGE_CHARS (cut where the file's pieces are,
+so the tokens are the whole file's), and a junk stretch of a file kept is said, and left out with
+data.garbage_filter=drop."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from trimtab.data import formats
+
+# Characters a long text file's stretch is judged in: about 0.75 x junk.PIECE_WORDS words (English: ~6-7 characters
+# a word), one judging piece, so a stretch of junk of twice this is judged junk in at least one stretch whole.
+JUDGE_CHARS = 100_000
+SHOWN = 5  # stretches named on the console
+
+
+@dataclass
+class Stretch:
+    """Characters [start, end) of a file's document judged junk (`why`: junk.Verdict's words)."""
+
+    file: int
+    start: int
+    end: int
+    why: str
+
+    def joins(self, other: Stretch) -> bool:
+        return self.file == other.file and self.end == other.start
+
+
+def split(text: str) -> list[str]:
+    """A long text file's piece in stretches of at most JUDGE_CHARS characters, cut as its pieces are cut."""
+    return list(formats.pieces(text, JUDGE_CHARS))
+
+
+def merged(found: Sequence[Stretch]) -> list[Stretch]:
+    """Adjacent stretches of one file as one (the first one's verdict)."""
+    out: list[Stretch] = []
+    for s in found:
+        if out and out[-1].joins(s):
+            out[-1] = Stretch(s.file, out[-1].start, s.end, out[-1].why)
+        else:
+            out.append(s)
+    return out
+
+
+def line(found: Sequence[tuple[str, int, int, str]], dropped: bool) -> str:
+    """The console line for junk stretches (path, start, end, why) inside files otherwise kept."""
+    chars = sum(end - start for _, start, end, _ in found)
+    shown = ", ".join(f"{p} characters {a:,}-{b:,} ({why})" for p, a, b, why in found[:SHOWN])
+    more = ", ..." if len(found) > SHOWN else ""
+    done = (
+        "left out (--garbage-filter drop), the rest of each file kept"
+        if dropped
+        else ("kept, and trained on; --garbage-filter drop leaves them out and keeps the rest of each file")
+    )
+    return (
+        f"{len(found):,} stretches of junk ({chars:,} characters) inside long text files that are mostly text "
+        f"(data/stretches.py): {shown}{more}; {done}"
+    )
