@@ -83,6 +83,10 @@ bad row explains). An LR far too high scores
 legitimate rows 4-5 nats above the others (debug at lr 0.5, step 5: the step's median 8.3 against
 6.4 before, its worst row 11.3): named there, clean stdlib files were left out for good. Those
 steps' rows stay out of the reference too; a garbage row is met again in a later epoch.
+Nor at a step after an update that raised the loss of its own batch (its gain under 0, training/gain.py:
+it overshot): the weights that score the step are the update's doing, and a few rows of each step take
+it (debug-mod at 10x its LR, step 5's update at gain -3.9: at step 6, 8 clean rows 1.6-3.1 nats over
+the step's median 5.6 were named at once as a blamed step, and left out for good).
 
 What it cannot see: garbage the tokenizer splits into many short tokens (random characters,
 base64, hex) once the model has learned that mode: each token is then about as predictable as
@@ -123,6 +127,7 @@ class OutlierRows(Monitor):
         self.held: dict[str, str] = {}  # row seen before its source's reference filled -> the source
         self.levels: deque[float] = deque(maxlen=LEVEL_STEPS)  # the last steps' common levels (_level)
         self.part_levels: dict[str, float] = {}  # each source's level at the last step (_level)
+        self.last_gain: float | None = None  # the last update's gain (training/gain.py): under 0, it overshot
 
     def reference(self, part: str = "") -> deque[float]:
         """The recent healthy rows of this mixture source ("": the one source)."""
@@ -137,7 +142,8 @@ class OutlierRows(Monitor):
         rows = (m.row_losses or {}).items()
         losses = {r: loss for r, (loss, targets) in rows if targets >= cfg.min_targets and r not in gated}
         parts = {r: (m.row_parts or {}).get(r, "") for r in losses}
-        if m.unsettled:
+        overshot, self.last_gain = self.last_gain is not None and self.last_gain < 0, m.update_gain
+        if m.unsettled or overshot:  # the model's trouble: its rows stay out of the reference too
             return None
         # One row not finite among finite ones is that row's (named below); two or more are a broken
         # computation, not two rows of data gone at once: a whole forward, or under data
@@ -344,6 +350,7 @@ class OutlierRows(Monitor):
             "held": self.held,
             "levels": list(self.levels),
             "part_levels": self.part_levels,
+            "last_gain": self.last_gain,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -361,6 +368,7 @@ class OutlierRows(Monitor):
         self.due = dict(state.get("due", {}))  # a checkpoint from before confirm: its suspects wait for an epoch
         self.part_of = dict(state.get("part_of", {}))
         self.held = dict(state.get("held", {}))
+        self.last_gain = state.get("last_gain")
 
 
 MERGED = {"rows": "rows_rule", "row_gate": "row_gate"}  # rule -> its key in the watch's evidence
