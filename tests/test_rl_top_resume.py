@@ -44,10 +44,12 @@ def test_a_raise_lengthens_the_phase_rows():
     """After a raise the phase's data.seq_len (the OOM handler's smallest micro-batch, training/control.py) stayed
     the first difficulty's: 4 + 2 tokens, under one row of the 2-digit prompts ("12+34=": 6 + 2)."""
     from trimtab.config.data import DataConfig
+    from trimtab.rl.phase import RLPhase
     from trimtab.training.rl_control import RLKnobs
 
     ours = loader()
-    phase = SimpleNamespace(data=DataConfig(seq_len=4 + ours.cfg.max_new_tokens))
+    phase = RLPhase("rl", 0, 1, DataConfig(seq_len=4 + ours.cfg.max_new_tokens), None, [], [], ours.tok, 4)
+    ours.on_difficulty = lambda: phase.fit(ours)  # as RLPhase.loader wires it
     t = SimpleNamespace(loader=ours, cfg=SimpleNamespace(model=SimpleNamespace(max_seq_len=64)))
     t.phases, t.state = [phase], SimpleNamespace(phase=0)
     try:

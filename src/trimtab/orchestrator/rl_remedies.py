@@ -85,7 +85,7 @@ def _signal_remedy(f: Finding, view: Any, cfg: OrchestratorConfig, rollbacks: in
     # flat at 0 was read as learned too (the stuck share under `threshold`): exit 0 naming harder prompts, which the
     # stuck half needs least; it walks the stuck groups' ladder instead (warmer, then the stop, exit 3)
     if barren and solved >= rule.threshold:
-        return _harder(f, rule.max_difficulty) or _learned(f)
+        return _harder(f, rule.max_difficulty) or _learned(f, rule.max_difficulty)
     if stuck < rule.threshold and not barren:  # mostly learnt: warmer sampling would only unlearn them
         return Remedy(action="none", reasoning=_MOSTLY_SOLVED)
     now = view.rl_temperature
@@ -236,7 +236,7 @@ def _signal_stop(why: str, spent: str) -> Remedy:
     )
 
 
-def _learned(f: Finding) -> Remedy:
+def _learned(f: Finding, most: int) -> Remedy:
     """Every group of a window flat and mostly solved, drawn by dynamic sampling (or with it off after it drew them):
     the policy has learnt these prompts (the rest, flat below the full reward, are out of its reach), and training on
     them has no gradient. It turned dynamic sampling off and trained on before: from a 10-step text model, reward
@@ -249,8 +249,13 @@ def _learned(f: Finding) -> Remedy:
             f"; the built-in task at {ev['difficulty']} digits, whose next difficulty's prompts and rl.max_new_tokens "
             "would not fit model.max_seq_len"
         )
+    elif ev.get("difficulty", 0) > most:  # configured past the ceiling: it read as if the ceiling were the config's
+        rest += (
+            f"; the built-in task at {ev['difficulty']} digits as rl.prompts configured it, above the curriculum's "
+            f"ceiling orchestrator.rl_signal.max_difficulty={most} (raised no further)"
+        )
     elif ev.get("difficulty"):  # the built-in task at the curriculum's ceiling (_harder)
-        rest += f"; the built-in task at {ev['difficulty']} digits, orchestrator.rl_signal.max_difficulty"
+        rest += f"; the built-in task at {ev['difficulty']} digits, orchestrator.rl_signal.max_difficulty={most}"
     why = (
         f"every group of the last {ev['window']} steps earned one reward for all its responses, "
         f"{ev['solved_groups']:.0%} all at rl.full_reward{rest} ({ev.get('groups_drawn', 0.0):.0f} groups a step "

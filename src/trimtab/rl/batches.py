@@ -108,6 +108,8 @@ class RolloutLoader(Ordered):
         self.difficulty = digits_of(cfg.prompts) or 0
         # the difficulty a raise past which did not fit model.max_seq_len (rl/curriculum.py; 0: none found)
         self.top_difficulty = 0
+        # told each difficulty set, a resume's included: its phase's rows widened to the longer prompts (RLPhase.loader)
+        self.on_difficulty: Callable[[], None] = lambda: None
         # train.micro_batch_tokens, 0 (auto) the whole step (not train.batch_tokens: pretraining's);
         # an OOM handler may lower it between steps
         self.micro_batch_tokens = micro_batch_tokens or self.batch_tokens

@@ -59,6 +59,7 @@ def set_difficulty(loader: Any, digits: int, max_seq_len: int = 0) -> str:
     loader.batch_tokens = cfg.prompts_per_step * cfg.group_size * (loader.max_prompt_tokens + cfg.max_new_tokens)
     if auto:  # train.micro_batch_tokens 0: the whole step, now of longer prompts
         loader.micro_batch_tokens = loader.batch_tokens
+    loader.on_difficulty()  # a resume's too: build_rl_phase laid out the configured difficulty's rows
     return (
         f"RL task difficulty {before} -> {digits} digits ({len(train)} training problems drawn again; "
         "the held-out problems unchanged)"

@@ -16,9 +16,10 @@ from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import ConfigError
 from trimtab.rl.batches import RolloutLoader
 from trimtab.rl.rewards import verifier
-from trimtab.rl.tasks import Problem, builtin, read_problems
+from trimtab.rl.tasks import Problem, arithmetic, builtin, read_problems
 
 log = logging.getLogger(__name__)
+SAMPLE = 2048  # the built-in task's prompts a refusal measures a difficulty by (_too_many_digits)
 
 
 @dataclass
@@ -40,7 +41,7 @@ class RLPhase:
     def loader(self, cfg: RunConfig, pad_id: int, rank: int = 0, world: int = 1) -> RolloutLoader:
         del pad_id  # padding is the tokenizer's
         train = cfg.train
-        return RolloutLoader(
+        ours = RolloutLoader(
             self.problems,
             self.tok,
             cfg.rl,
@@ -51,6 +52,15 @@ class RLPhase:
             rank,
             world,
         )
+        ours.on_difficulty = lambda: self.fit(ours)
+        return ours
+
+    def fit(self, loader: RolloutLoader) -> None:
+        """data.seq_len, a row's longest (the OOM handler's smallest micro-batch, training/control.py), widened to
+        `loader`'s prompts at its difficulty: a raise's (rl/curriculum.py), and a resume's at a raised one (it was
+        the configured difficulty's again, under one row of the longer prompts)."""
+        longest = loader.max_prompt_tokens + loader.cfg.max_new_tokens
+        self.data = dataclasses.replace(self.data, seq_len=max(self.data.seq_len, longest))
 
 
 def problems_of(cfg: RunConfig) -> tuple[list[Problem], list[Problem]]:
@@ -94,16 +104,23 @@ def build_rl_phase(cfg: RunConfig, tok: TextTokenizer) -> RLPhase:
     if cfg.rl.held_out_reward:
         verifier(cfg.rl.held_out_reward, "rl.held_out_reward")
     train, held = problems_of(cfg)
-    longest = max(len(tok.encode(p.prompt, specials=True)) for p in train + held)
+    longest = _longest(tok, train + held)
     if longest + cfg.rl.max_new_tokens > cfg.model.max_seq_len:
         raise ConfigError(_too_long(cfg, tok, train + held, longest))
     data = dataclasses.replace(cfg.data, seq_len=longest + cfg.rl.max_new_tokens)
     return RLPhase("rl", 0, int(cfg.train.max_steps), data, cfg.optim, train, held, tok, longest)
 
 
+def _longest(tok: TextTokenizer, problems: list[Problem]) -> int:
+    return max(len(tok.encode(p.prompt, specials=True)) for p in problems)
+
+
 def _too_long(cfg: RunConfig, tok: TextTokenizer, problems: list[Problem], longest: int) -> str:
     """Why the longest prompt and its response do not fit, naming the prompt's file and line (a
     file's): a prompt that fills model.max_seq_len alone leaves lowering rl.max_new_tokens no use."""
+    digits = digits_of(cfg.rl.prompts)
+    if digits:  # the built-in task's prompts are its difficulty's: fewer digits, not a shorter response
+        return _too_many_digits(cfg, tok, digits, longest)
     where = next(p.where for p in problems if len(tok.encode(p.prompt, specials=True)) == longest)
     at = f" ({where})" if where else ""
     if longest >= cfg.model.max_seq_len:
@@ -115,4 +132,29 @@ def _too_long(cfg: RunConfig, tok: TextTokenizer, problems: list[Problem], longe
         f"rl.max_new_tokens={cfg.rl.max_new_tokens} after a prompt of {longest} tokens{at} exceeds "
         f"model.max_seq_len={cfg.model.max_seq_len}; lower rl.max_new_tokens to at most "
         f"{cfg.model.max_seq_len - longest} or shorten the prompts"
+    )
+
+
+def _too_many_digits(cfg: RunConfig, tok: TextTokenizer, digits: int, longest: int) -> str:
+    """The built-in task's refusal: it named rl.max_new_tokens (at 99 digits, "at most 1"), a response too short to
+    answer, where the digits are what to lower; it names the most that fit (a search over the difficulties, each by
+    the longest of a sample of its prompts: a tokenizer's merges make a prompt's tokens no function of its digits)."""
+    room, low, high = cfg.model.max_seq_len - cfg.rl.max_new_tokens, 0, digits - 1
+    while low < high:  # the most digits in [0, digits - 1] whose sampled prompts fit: longer operands, longer prompts
+        mid = (low + high + 1) // 2
+        sample = arithmetic(SAMPLE, cfg.train.seed, mid)
+        if max(len(tok.encode(p.prompt, specials=True)) for p in sample) <= room:
+            low = mid
+        else:
+            high = mid - 1
+    while low and _longest(tok, sum(builtin(low, cfg.train.seed, cfg.rl.held_out), [])) > room:
+        low -= 1  # the sample's longest under the whole task's, as build_rl_phase measures it: the first sure fit
+    fix = (
+        f"set rl.prompts={SOURCE}:{low} (the most digits that fit) or raise model.max_seq_len"
+        if low
+        else "not even 1 digit fits: lower rl.max_new_tokens or raise model.max_seq_len"
+    )
+    return (
+        f"rl.prompts {cfg.rl.prompts}: the built-in task at {digits} digits has prompts of {longest} tokens, with "
+        f"rl.max_new_tokens={cfg.rl.max_new_tokens} over model.max_seq_len={cfg.model.max_seq_len}; {fix}"
     )

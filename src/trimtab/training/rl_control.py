@@ -6,7 +6,6 @@ as rl_<knob> (checkpointed, so a resume keeps it) and applied again to a loader 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
 from trimtab.errors import ConfigError
@@ -59,13 +58,8 @@ class RLKnobs:
         t = self._trainer
         if not isinstance(t.loader, RolloutLoader):
             return "no RL phase is running: the task's difficulty is unchanged"
-        done = set_difficulty(t.loader, digits, t.cfg.model.max_seq_len)  # a ConfigError: answered as failed
-        # the phase's data.seq_len is a row's longest (the OOM handler's smallest micro-batch, control.py): it was
-        # still the first difficulty's, under one row of the longer prompts
-        phase = t.phases[t.state.phase]
-        longest = t.loader.max_prompt_tokens + t.loader.cfg.max_new_tokens
-        phase.data = dataclasses.replace(phase.data, seq_len=max(phase.data.seq_len, longest))
-        return done
+        # a ConfigError: answered as failed; the phase's rows widened by the loader's phase (RLPhase.fit)
+        return set_difficulty(t.loader, digits, t.cfg.model.max_seq_len)
 
     def _set_verifier_timeout(self, value: float) -> str:
         t = self._trainer
