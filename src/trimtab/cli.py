@@ -437,7 +437,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except TrimtabError as exc:
-        print(f"trimtab: error: {exc}", file=sys.stderr)
+        # torchrun: a config refusal is every rank's alike, said once a machine (each rank's, it was said as often);
+        # by each machine's first rank, as a path missing on one node is refused there alone
+        if not isinstance(exc, ConfigError) or os.environ.get("LOCAL_RANK", "0") == "0":
+            print(f"trimtab: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `trimtab runs | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush writes nowhere
