@@ -71,7 +71,7 @@ from _benchfile import machine, precisions, publish  # bench/_benchfile.py, next
 from _garbage_corpus import describe, prepare, truth
 from _healing_score import HEADING, attribution, judge, report, verdicts
 from _measure import Contention
-from trimtab.rundir import read_decisions, read_metrics
+from trimtab.rundir import read_decisions, read_metrics, read_summary
 
 ROOT = Path(__file__).resolve().parent.parent  # the source checkout
 PREEMPTION = ("sigkill", "sigterm", "corrupt_checkpoint")  # relaunched once, as a scheduler would
@@ -284,6 +284,12 @@ def run_training(
     return _scored(run, run_dir)
 
 
+def finite_val(summary: dict | None) -> float | None:
+    """The summary's val_loss when finite (a run that gave up on a NaN loss has none to compare)."""
+    val = summary.get("val_loss") if summary else None
+    return val if isinstance(val, (int, float)) and math.isfinite(val) else None
+
+
 def _launches(
     run_dir: Path,
     args: argparse.Namespace,
@@ -341,14 +347,13 @@ def _launches(
         # cannot count them, since a resume drops the lines a killed launch wrote past its checkpoint.
         steps = [int(s) for s in re.findall(r"^step (\d+)/\d+ ", err, re.M)]
         executed, reached = executed + len(steps), max([reached, *steps])
-        summary_path = run_dir / "summary.json"
-        # a run that gave up (exit 3 / 4) still writes its summary; a crash leaves none
-        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+        # a run that gave up (exit 3 / 4) still writes its summary (a NaN loss as the string "NaN": read_summary reads
+        # it back as a float, where json.loads left a str that math.isfinite refused); a crash leaves none
+        summary = read_summary(run_dir)
         launches.append({"rc": rc, "status": summary["status"] if summary else _failure(rc, err)})
         precision = summary.get("precision") if summary else None
         if summary is not None and summary["status"] == "completed":
             break
-    val = summary.get("val_loss") if summary else None
     return {
         "mode": mode,
         "preset": preset,
@@ -356,7 +361,7 @@ def _launches(
         "launches": launches,
         "finished": bool(summary) and summary["status"] == "completed",
         "status": launches[-1]["status"],
-        "val_loss": None if val is None or not math.isfinite(val) else val,
+        "val_loss": finite_val(summary),
         "steps_executed": executed,
         "steps_redone": executed - reached if executed else None,
         "wall_s": round(wall, 1),

@@ -576,3 +576,15 @@ def test_rl_trl_dry_run_times_both_trainers_on_the_same_exported_model():
     pytest.importorskip("trl")
     out = dry_run("rl_trl")
     assert "| trimtab `rl` | " in out and "| TRL `GRPOTrainer` | " in out and "TRL / trimtab, time a step: **" in out
+
+
+def test_healing_reads_a_summary_whose_loss_is_nan(tmp_path):
+    """A run that gave up on a NaN loss writes val_loss "NaN" (rundir's JSON has no NaN); json.loads left the string,
+    math.isfinite raised TypeError and the bench (its --dry-run too) crashed on nan_loss's off run."""
+    from trimtab.rundir import read_summary, write_summary
+
+    healing = _healing()
+    write_summary(tmp_path, {"status": "gave up", "val_loss": float("nan")})
+    assert healing.finite_val(read_summary(tmp_path)) is None
+    write_summary(tmp_path, {"status": "completed", "val_loss": 4.17})
+    assert healing.finite_val(read_summary(tmp_path)) == 4.17 and healing.finite_val(None) is None
