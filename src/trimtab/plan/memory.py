@@ -63,7 +63,7 @@ import torch
 from trimtab.config import CHECKPOINTING, RunConfig
 from trimtab.errors import ConfigError
 from trimtab.hardware import GPUS, Precision, choose_precision, datasheet_source, pick_device, ram_bytes
-from trimtab.model.catalog import meta_model
+from trimtab.model.catalog import family, human_count, meta_model
 from trimtab.peaks import peak_flops
 
 STATE_BYTES = {"weights": 4, "gradients": 4, "optimizer": 8}  # per parameter
@@ -382,22 +382,36 @@ DEFAULT_MFU = 0.4  # hardware trimtab was not measured on: PaLM's 46% less a mar
 CPU_MFU = {"dense": 0.07, "moe": 0.05}
 
 
+# The measured kind a model family borrows, and the model it was measured on (on a GPU; on a CPU
+# the debug presets): a MoD block is a dense block on fewer tokens and a hybrid's MoE layers carry
+# its dispatch overhead. Neither is measured itself.
+MEASURED_AS = {"dense": "dense", "moe": "moe", "mod": "dense", "hybrid": "moe"}
+MEASURED_ON = {"cuda": {"dense": "dense-1b", "moe": "moe-7b"}, "cpu": {"dense": "debug", "moe": "debug-moe"}}
+
+
 def assumed_mfu(cfg: RunConfig, hw: Hardware) -> tuple[float, str]:
     """The MFU time estimates assume, and whence: plan.mfu when set; on a GPU the trainer's own,
     measured for a dense or a MoE model, eager or compiled (train.compile true); on a CPU its own
-    on one (CPU_MFU), said as the rough guess it is; else DEFAULT_MFU, said as assumed."""
+    on one (CPU_MFU), said as the rough guess it is; else DEFAULT_MFU, said as assumed. The source
+    names the preset measured and this model's own size and family, which may differ far."""
     if cfg.plan.mfu:
         return cfg.plan.mfu, "plan.mfu"
-    kind = "moe" if any("moe" in layer for layer in cfg.model.layers) else "dense"
+    fam = family(cfg.model)
+    kind = MEASURED_AS[fam]
+    this = f"taken for this {human_count(_param_counts(cfg)[0])}-parameter {fam} model"
     if hw.kind == "cpu":
         return CPU_MFU[kind], (
-            f"ASSUMED, the trainer's on a 1-thread Xeon for a small {kind} model; a CPU's varies several-fold "
-            "with its cores and load: set plan.mfu, or plan again after a run of this config (its summary.json's)"
+            f"ASSUMED, the trainer's on a 1-thread Xeon for the {MEASURED_ON['cpu'][kind]} preset, {this}; "
+            "a CPU's varies several-fold with its cores, load and model: set plan.mfu, "
+            "or plan again after a run of this config (its summary.json's)"
         )
     if hw.kind != "cuda":
         return DEFAULT_MFU, "ASSUMED (not measured on this device): set plan.mfu"
     compiled = cfg.train.compile == "true"
-    return MEASURED_MFU[kind, compiled], f"the trainer's, {'compiled' if compiled else 'eager'} {kind}, on an H100"
+    mode = "compiled" if compiled else "eager"
+    return MEASURED_MFU[kind, compiled], (
+        f"the trainer's, {mode} {kind}, on an H100 ({MEASURED_ON['cuda'][kind]}), {this}"
+    )
 
 
 def run_mfu(cfg: RunConfig, hw: Hardware, params: int) -> tuple[float, str] | None:
