@@ -19,8 +19,8 @@ from torch import nn
 from trimtab import hf
 from trimtab.checkpoint import is_sharded, latest_valid, verify
 from trimtab.checkpoint_load import check_fits, load_model, weight_names
-from trimtab.config import RunConfig, read_saved
-from trimtab.config.checks import leaves
+from trimtab.config import ModelConfig, RunConfig, read_saved
+from trimtab.config.checks import leaves, thawed
 from trimtab.distributed.metainit import keep_shard, local_box
 from trimtab.errors import CheckpointError, ConfigError
 from trimtab.hf.importer import (
@@ -161,13 +161,30 @@ def _unfit(cfg: RunConfig, source: Path, exc: CheckpointError) -> str:
     except (ConfigError, OSError):
         return f"config key 'train.init_from' = '{source}': {exc}"
     ours = leaves(asdict(cfg.model), "model.")
-    differ = [f"{k} {theirs[k]} there, {ours[k]} here" for k in ours if k in theirs and theirs[k] != ours[k]]
+    keys = [k for k in ours if k in theirs and theirs[k] != ours[k]]
+    derived = [k for k in keys if k in _derived(cfg.model)]
+    differ = [f"{k} {theirs[k]} there, {ours[k]} here" for k in keys if k not in derived or len(derived) == len(keys)]
+    if len(derived) < len(keys) and derived:
+        differ.append(f"and the widths derived from them: {', '.join(derived)}")
     command = "rl" if cfg.rl.enabled else "dpo" if cfg.dpo.enabled else "train"  # `train` would drop RL / DPO
     return (
-        f"config key 'train.init_from' = '{source}' holds another model than this run's ({'; '.join(differ[:4])}"
-        f"{'; ...' if len(differ) > 4 else ''}): train on with that run's model settings, e.g. "
+        f"config key 'train.init_from' = '{source}' holds another model than this run's ({'; '.join(differ[:5])}"
+        f"{'; ...' if len(differ) > 5 else ''}): train on with that run's model settings, e.g. "
         f"trimtab {command} {run / CONFIG} --set train.init_from={source} --out DIR (or its --preset)"
     )
+
+
+# The widths ModelConfig.resolved fills when left at 0 (auto): the config records them filled, so
+# a changed model.d_model also shows as a changed head_dim and ffn_hidden nobody set.
+AUTO_WIDTHS = ("n_kv_heads", "head_dim", "ffn_hidden", "moe.expert_hidden", "moe.shared_hidden")
+
+
+def _derived(model: ModelConfig) -> set[str]:
+    """The model.* auto widths that `model` holds at the value its other settings give them."""
+    auto = thawed(model)
+    auto.n_kv_heads = auto.head_dim = auto.ffn_hidden = auto.moe.expert_hidden = auto.moe.shared_hidden = 0
+    filled, ours = leaves(asdict(auto.resolved()), "model."), leaves(asdict(model), "model.")
+    return {f"model.{k}" for k in AUTO_WIDTHS if filled[f"model.{k}"] == ours[f"model.{k}"]}
 
 
 def no_init_from(init_from: str) -> ConfigError:
