@@ -111,6 +111,63 @@ def _shell(words: list[str]) -> str:
     return " ".join(f'"{w}"' if "$" in w else shlex.quote(w) for w in words)
 
 
+# The sbatch script's shell helpers (no plan values in them): the newest checkpoint's step and the
+# job's time left.
+_SLURM_HELPERS = """\
+newest() {  # the newest checkpoint's step by its directory name (0: none), as rundir.newest_step reads it
+    { ls "$RUN_DIR/checkpoints" 2>/dev/null || true; } | sed -n 's/^step_0*\\([0-9][0-9]*\\)$/\\1/p' | sort -n |
+        tail -n 1
+}
+end_s() {  # the job's end, seconds since the epoch: scontrol's EndTime, else SLURM_JOB_END_TIME; empty: unknown
+    local end
+    end=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/.*EndTime=\\([0-9][-0-9T:]*\\).*/\\1/p' |
+        head -n 1 || true)
+    if [ -n "$end" ] && date -d "$end" +%s 2>/dev/null; then return 0; fi
+    # Slurm's own, set when the job started (a --time changed since is missed): the last resort
+    echo "${SLURM_JOB_END_TIME:-}" | grep -E '^[0-9]+$' || true
+}
+left_s() {  # seconds to the job's time limit: squeue's %L ([days-]hours:minutes:seconds), else from its end
+    # time (no squeue on the node, or it failed: the time-limit stop was taken for a rank failure); empty: unknown
+    local left end
+    left=$(squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null | awk -F'[-:]' '/^[0-9]+(-[0-9]+)?(:[0-9]+)+$/ {
+        split("1 60 3600 86400", k, " "); for (i = NF; i > 0; i--) s += $i * k[NF - i + 1]; print s }' || true)
+    if [ -z "$left" ]; then
+        end=$(end_s)
+        [ -z "$end" ] || left=$((end - $(date +%s)))
+    fi
+    echo "$left"
+}
+"""
+
+
+def _slurm_requeue(lead: int) -> str:
+    """The sbatch script's tail after srun: whether to queue the stopped job again (comments inside)."""
+    return f"""requeue=0
+IDLE="$RUN_DIR/.slurm-requeues"
+if [ "$RUN_DIR/summary.json" -nt "$STARTED" ] && grep -q '"status": "stopped (SIGTERM' "$RUN_DIR/summary.json"; then
+    left=$(left_s || true)
+    idle=$(awk -v job="$SLURM_JOB_ID" '$1 == job {{ print $2 }}' "$IDLE" 2>/dev/null || true)
+    if [ "$(newest)" -gt "${{START_STEP:-0}}" ]; then
+        requeue=1 idle=0
+    elif [ -n "$left" ] && [ "$left" -le {lead + SLURM_EARLY_S} ] && [ "${{idle:-0}}" -lt {MAX_IDLE_REQUEUES} ]; then
+        requeue=1 idle=$((${{idle:-0}} + 1))
+    elif [ -n "$left" ] && [ "$left" -le {lead + SLURM_EARLY_S} ]; then
+        echo "trimtab: stopped at the time limit with no checkpoint newer than step ${{START_STEP:-0}}" \\
+            "after {MAX_IDLE_REQUEUES} requeues in a row: not queued again (give it a longer --time)"
+    else
+        echo "trimtab: stopped by SIGTERM with ${{left:-unknown}} s left and no checkpoint newer than step" \\
+            "${{START_STEP:-0}}: a rank failed (torchrun stopped the others; its error is above), not queued again"
+    fi
+fi
+rm -f "$STARTED"
+if [ "$requeue" = 1 ]; then
+    echo "$SLURM_JOB_ID $idle" > "$IDLE"
+    echo "trimtab: stopped before the time limit, not finished: requeued to resume from its checkpoint"
+    scontrol requeue "$SLURM_JOB_ID"
+fi
+"""
+
+
 def _slurm(plan: Plan, config: str | None, run_dir: str) -> str:
     nodes, per_node = _nodes(plan)
     grace = stop_s(plan)
@@ -136,30 +193,7 @@ HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export OMP_NUM_THREADS=8
 mkdir -p "$RUN_DIR"
 STARTED=$(mktemp -p "$RUN_DIR" .slurm-job.XXXXXX)  # this job's start, by the run directory's clock
-newest() {{  # the newest checkpoint's step by its directory name (0: none), as rundir.newest_step reads it
-    {{ ls "$RUN_DIR/checkpoints" 2>/dev/null || true; }} | sed -n 's/^step_0*\\([0-9][0-9]*\\)$/\\1/p' | sort -n |
-        tail -n 1
-}}
-end_s() {{  # the job's end, seconds since the epoch: scontrol's EndTime, else SLURM_JOB_END_TIME; empty: unknown
-    local end
-    end=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/.*EndTime=\\([0-9][-0-9T:]*\\).*/\\1/p' |
-        head -n 1 || true)
-    if [ -n "$end" ] && date -d "$end" +%s 2>/dev/null; then return 0; fi
-    # Slurm's own, set when the job started (a --time changed since is missed): the last resort
-    echo "${{SLURM_JOB_END_TIME:-}}" | grep -E '^[0-9]+$' || true
-}}
-left_s() {{  # seconds to the job's time limit: squeue's %L ([days-]hours:minutes:seconds), else from its end
-    # time (no squeue on the node, or it failed: the time-limit stop was taken for a rank failure); empty: unknown
-    local left end
-    left=$(squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null | awk -F'[-:]' '/^[0-9]+(-[0-9]+)?(:[0-9]+)+$/ {{
-        split("1 60 3600 86400", k, " "); for (i = NF; i > 0; i--) s += $i * k[NF - i + 1]; print s }}' || true)
-    if [ -z "$left" ]; then
-        end=$(end_s)
-        [ -z "$end" ] || left=$((end - $(date +%s)))
-    fi
-    echo "$left"
-}}
-START_STEP=$(newest)
+{_SLURM_HELPERS}START_STEP=$(newest)
 # one torchrun agent a node; SIGTERM before the time limit reaches srun's tasks (not B:, which signals only
 # this shell): each rank finishes its step, saves and exits 143, its summary.json says "stopped (SIGTERM)"
 # ("... during start-up)" before its first step); torchrun's agent, signalled too, waits {grace} s for that
@@ -177,30 +211,7 @@ srun --kill-on-bad-exit=0 {command} || status=$?
 # {MAX_IDLE_REQUEUES} time-limit requeues in a row without one (a start-up longer than --time; the count is in
 # $RUN_DIR/.slurm-requeues, by job id: SLURM_RESTART_COUNT counts Slurm's own requeues too). Not a finished
 # run, nor one that failed without that summary, nor one scancel ended (it signals this shell too)
-requeue=0
-IDLE="$RUN_DIR/.slurm-requeues"
-if [ "$RUN_DIR/summary.json" -nt "$STARTED" ] && grep -q '"status": "stopped (SIGTERM' "$RUN_DIR/summary.json"; then
-    left=$(left_s || true)
-    idle=$(awk -v job="$SLURM_JOB_ID" '$1 == job {{ print $2 }}' "$IDLE" 2>/dev/null || true)
-    if [ "$(newest)" -gt "${{START_STEP:-0}}" ]; then
-        requeue=1 idle=0
-    elif [ -n "$left" ] && [ "$left" -le {lead + SLURM_EARLY_S} ] && [ "${{idle:-0}}" -lt {MAX_IDLE_REQUEUES} ]; then
-        requeue=1 idle=$((${{idle:-0}} + 1))
-    elif [ -n "$left" ] && [ "$left" -le {lead + SLURM_EARLY_S} ]; then
-        echo "trimtab: stopped at the time limit with no checkpoint newer than step ${{START_STEP:-0}}" \\
-            "after {MAX_IDLE_REQUEUES} requeues in a row: not queued again (give it a longer --time)"
-    else
-        echo "trimtab: stopped by SIGTERM with ${{left:-unknown}} s left and no checkpoint newer than step" \\
-            "${{START_STEP:-0}}: a rank failed (torchrun stopped the others; its error is above), not queued again"
-    fi
-fi
-rm -f "$STARTED"
-if [ "$requeue" = 1 ]; then
-    echo "$SLURM_JOB_ID $idle" > "$IDLE"
-    echo "trimtab: stopped before the time limit, not finished: requeued to resume from its checkpoint"
-    scontrol requeue "$SLURM_JOB_ID"
-fi
-exit "$status"
+{_slurm_requeue(lead)}exit "$status"
 """
 
 
