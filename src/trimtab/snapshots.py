@@ -15,6 +15,7 @@ weights in bf16: a snapshot never upcasts) (save_last_weights): they are what a 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -31,6 +32,7 @@ NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 # room left beyond the fp32 tensors: the safetensors header, state.json and the manifest (a few KB), and
 # the other writers of a stopping run (summary.json, the journal, not report.html, which a full disk may refuse)
 FP32_MARGIN = 1 << 20
+LAST_WEIGHTS = "last_weights"  # state.json's mark of a stop's snapshot (save_last_weights, drop_superseded)
 
 
 def fp32_fits(run_dir: Path, weights: dict[str, torch.Tensor]) -> bool:
@@ -46,12 +48,34 @@ def save_last_weights(
     own narrower dtype such as bf16, never upcast) when they fit in the space left, a run trained on from them
     (train.init_from) keeping their precision; else bf16, half the bytes; neither fitting, once more after
     make_room. Returns the snapshot and the wording of its precision for the stop reason."""
+    state = {**state, LAST_WEIGHTS: True}  # drop_superseded's mark: a stop's, not the lean retention's
     try:
         return _save_weights(run_dir, step, weights, state, keep, keep_every)
     except OSError:
         if not make_room(run_dir, step, keep_every):
             raise
     return _save_weights(run_dir, step, weights, state, keep, keep_every)
+
+
+def drop_superseded(run_dir: Path, last_good: int) -> list[Path]:
+    """A stop's snapshots (save_last_weights) that good checkpoint `last_good` supersedes, deleted for the disk
+    rule to free space: at or before its step, a later session's checkpoint holds those weights (or newer ones)
+    with the optimizer state. A resume on a still-full disk kept the given-up session's bf16 copy to the end
+    (debug: snapshots/step_000015 beside checkpoints 55 and 60, the tmpfs 99% full). Never a snapshot past it
+    (the only copy of the steps trained since), nor the lean retention's (checkpoint.snapshot_every: kept for
+    evaluation). Returns the deleted."""
+    gone = []
+    for path in list_snapshots(run_dir):
+        if dir_step(path) > last_good:
+            break
+        try:
+            marked = json.loads((path / "state.json").read_text()).get(LAST_WEIGHTS, False)
+        except (OSError, ValueError):  # unreadable: not known to be a stop's, so kept
+            continue
+        if marked:
+            shutil.rmtree(path, ignore_errors=True)
+            gone.append(path)
+    return gone
 
 
 def make_room(run_dir: Path, step: int, keep_every: int) -> list[Path]:

@@ -4,6 +4,7 @@ state is taken), a failed save's decision (rule disk), and which checkpoints are
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +34,10 @@ class SaveGuard:
     # the references a save being written replaced (probe_baseline, start_probe)
     _baseline_before: tuple[float | None, float | None] | None
     decide: Callable[..., Any]  # a finding, decided and journaled (deciding.py)
+    journal: Any  # the decisions journal (journal.py)
+    _seen_again: Callable[..., Any]  # a finding counted on the decision it came back to (deciding.py)
+    # the session's disk decision whose freeing worked: the same lack of space again is the same incident
+    _disk_incident: Any = None
 
     def on_save_error(self, run: RunView, exc: OSError) -> bool:
         """A failed save: the disk rule's remedy is requested; the trainer applies it before the
@@ -46,7 +51,42 @@ class SaveGuard:
             return True  # the final save of a stop already decided: the resume point stays on disk
         self.failed_saves += 1
         self.failing_since = self.failing_since if self.failed_saves > 1 else run.step
-        f = Finding(
+        f = self._save_finding(run, exc)
+        if self.failed_saves == 1 and self._again(run, f):
+            return True
+        decision = self.decide(run, f)
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        self._disk_incident = decision if full and decision.action == "save_checkpoint" else None
+        return True
+
+    def _again(self, run: RunView, f: Finding) -> bool:
+        """A save out of space again after this session's disk decision freed room and its save was written:
+        the same incident, not a new decision at each save (a debug run on a tmpfs holding two checkpoints
+        journaled one at every save, 10 in 60 steps). Its remedy is requested again and the recurrence
+        counted on that decision (seen_again, last_seen_at); a retry that fails ends the incident (the next
+        failure is decided anew, and a whole interval of them stops the run: remedies.disk)."""
+        first = self._disk_incident
+        if first is None or f.evidence["errno"] not in (errno.ENOSPC, errno.EDQUOT):
+            return False
+        if first.mode != "auto" or (first.outcome or {}).get("result") == "failed":
+            self._disk_incident = None
+            return False
+
+        def done(line: str) -> None:
+            failed = line.startswith("failed: ")
+            if failed or "snapshot" in line:  # a retry that failed, or a stop's snapshot freed: said on it
+                first.applied.append(f"step {f.step}: {line}")
+            if failed:  # this time freeing did not make room: the incident is over
+                self._disk_incident = None
+            self.journal.write()
+
+        self._seen_again(first, f)
+        run.control.request(first.action, on_done=done, **first.params)
+        return True
+
+    def _save_finding(self, run: RunView, exc: OSError) -> Finding:
+        """The disk rule's finding for failed save `exc`."""
+        return Finding(
             rule="disk",
             family="disk",
             step=run.step,
@@ -61,8 +101,6 @@ class SaveGuard:
             summary=f"checkpoint save failed ({os.strerror(exc.errno) if exc.errno else exc})",
             strength=1.0,
         )
-        self.decide(run, f)
-        return True
 
     def on_save_prepare(self, run: RunView, good: bool) -> None:
         """A good checkpoint's held-out loss, the reference a diagnosis and the end check compare

@@ -31,6 +31,7 @@ from trimtab.checkpoint import prune
 from trimtab.data import BatchLoader
 from trimtab.errors import ConfigError, TrimtabError
 from trimtab.resilience.elastic import leave_job, node_count, node_rank
+from trimtab.snapshots import drop_superseded
 from trimtab.training import surgery
 from trimtab.training.actions import ACTIONS, MOE_KNOBS, PUT_BACK, RL_ONLY, action, counted
 from trimtab.training.optim import build_optimizer
@@ -241,6 +242,8 @@ class Control(RLKnobs):
         if keep is not None:
             gone = t.dist.from_main(prune, t.cfg.run_dir, keep, (t.last_good,))
             freed = f"deleted {counted(len(gone), 'older checkpoint')}; " if gone else ""
+            if stale := t.dist.from_main(drop_superseded, t.cfg.run_dir, t.last_good):  # a stop's, now in a checkpoint
+                freed += f"deleted the superseded snapshot {', '.join(p.name for p in stale)}; "
         if not t.save(wait=True):
             raise TrimtabError(f"{freed}the checkpoint at step {t.state.step} could not be written")
         return f"{freed}checkpoint at step {t.state.step}"
