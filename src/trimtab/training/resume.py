@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -286,7 +287,7 @@ def saved_summary(run_dir: Path, found: Found, total: int, status: str = "comple
 
 
 def _set_aside(
-    run_dir: Path, found: Found | None, refused: dict[str, str], keep: int, in_store: list[dict[str, Any]]
+    run_dir: Path, found: Found | None, refused: dict[str, str], keep: int, in_store: Sequence[dict[str, Any]] = ()
 ) -> None:
     """Move the checkpoints newer than `found` aside and record each with why the search refused it
     (`refused`, search_valid's errors by path: verify ran once), with `in_store`, the store's
