@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -67,6 +68,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import trimtab
 from _benchfile import machine, precisions, publish  # bench/_benchfile.py, next to this file
 from _garbage_corpus import describe, prepare, truth
 from _healing_score import HEADING, attribution, judge, report, verdicts
@@ -597,8 +599,17 @@ def _code_version() -> str:
             [*git, "status", "--porcelain", "--untracked-files=no", "--", "src"], capture_output=True, text=True
         )
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return _source_digest()
     return commit.stdout.strip() + (" with local changes" if dirty.stdout.strip() else "")
+
+
+def _source_digest() -> str:
+    """Without git (a release tarball, a copied tree), the package version and a digest of its
+    source files: two tables that read the same digest measured the same policy."""
+    digest = hashlib.sha256()
+    for path in sorted((ROOT / "src" / "trimtab").rglob("*.py")):
+        digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    return f"trimtab {trimtab.__version__}, source sha256 {digest.hexdigest()[:12]} (no git)"
 
 
 if __name__ == "__main__":

@@ -588,3 +588,17 @@ def test_healing_reads_a_summary_whose_loss_is_nan(tmp_path):
     assert healing.finite_val(read_summary(tmp_path)) is None
     write_summary(tmp_path, {"status": "completed", "val_loss": 4.17})
     assert healing.finite_val(read_summary(tmp_path)) == 4.17 and healing.finite_val(None) is None
+
+
+def test_healing_names_the_code_it_measured_without_git(tmp_path, monkeypatch):
+    """A copied tree without .git read "code unknown": the table names the version and a digest of the
+    source instead, which changes with any source file."""
+    healing = _healing()
+    src = tmp_path / "src" / "trimtab"
+    src.mkdir(parents=True)
+    (src / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(healing, "ROOT", tmp_path)
+    first = healing._code_version()
+    assert "no git" in first and "unknown" not in first and healing.trimtab.__version__ in first
+    (src / "a.py").write_text("x = 2\n")
+    assert healing._code_version() != first
