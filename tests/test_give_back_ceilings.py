@@ -41,3 +41,20 @@ def test_a_chain_of_cuts_is_given_back_to_the_first_ones_multiplier():
     policy.last_lr_change = 10
     _quiet_until(policy, view, 11, 159)
     assert view.lr_scale == pytest.approx(1.0)
+
+
+def test_a_give_backs_evidence_names_the_newest_cuts_debt_and_the_older_ones_under_it():
+    """lr_debt is every cut's together while the give-back repays the newest up to its own ceiling: the
+    evidence says which debt it repays and what waits under it, or a reader takes x0.032 owed for this one's."""
+    policy, view = Policy(OrchestratorConfig()), View(lr_scale=1.0, total_steps=160)
+    first = 10**-0.5
+    policy._owe(first, 1.0, ceiling=math.sqrt(first))
+    view.lr_scale = first
+    policy._owe(0.1, first, ceiling=first * math.sqrt(0.1))
+    view.lr_scale *= 0.1
+    policy.last_lr_change = 10
+    remedy = next(r for r in (policy.quiet(step, view) for step in range(11, 160)) if r is not None)
+    evidence = remedy.evidence
+    assert evidence["lr_debt"] == pytest.approx(first * 0.1) and evidence["newest_debt"] == pytest.approx(0.1)
+    assert evidence["lr_ceiling"] == pytest.approx(first * math.sqrt(0.1))
+    assert evidence["older_debts"] == [{"debt": pytest.approx(first), "ceiling": pytest.approx(math.sqrt(first))}]

@@ -60,7 +60,16 @@ class GiveBack:
             f"lr_restore_after={self.cfg.lr_restore_after}, at most an eighth of the run's {view.total_steps} "
             f"steps, at least outcome_after={self.cfg.outcome_after}): give part of it back{again} (if instability "
             "returns, " + ("the cut stays for the rest of the run)" if again else "it is tried once more later)"),
-            evidence={"quiet_steps": calm, "wait": wait, "lr_debt": self.lr_debt, "lr_ceiling": self.lr_ceiling},
+            # lr_debt is every cut's together; the give-back repays the newest (its own debt, bounded by its
+            # own ceiling); the older ones wait under it, each with its ceiling
+            evidence={
+                "quiet_steps": calm,
+                "wait": wait,
+                "lr_debt": self.lr_debt,
+                "newest_debt": self._newest(),
+                "lr_ceiling": self.lr_ceiling,
+                "older_debts": [{"debt": debt, "ceiling": ceiling} for debt, ceiling in self.lr_below],
+            },
             commit=commit,
         )
 
