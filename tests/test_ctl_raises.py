@@ -20,6 +20,9 @@ class Trainer(FakeTrainer):
     def scheduled_lr(self) -> float:
         return 1e-3  # the schedule's LR for the next step (Control._set_lr's)
 
+    def set_lr_level(self) -> float:
+        return 1e-3  # past the warm-up: the step's LR
+
 
 class View:
     """The orchestrator's view of Trainer: what people.py reads of a run."""
@@ -34,6 +37,10 @@ class View:
     @property
     def scheduled_lr(self) -> float:
         return self._t.scheduled_lr()
+
+    @property
+    def set_lr_level(self) -> float:
+        return self._t.set_lr_level()
 
     @property
     def lr_scale(self) -> float:

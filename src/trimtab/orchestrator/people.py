@@ -272,10 +272,11 @@ def _positive(value: Any) -> bool:
 
 def _lr_factor(run: RunView, action: str, params: dict[str, Any]) -> float | None:
     """The LR multiplier a person's LR command makes (None for any other command): set_lr's from the LR the
-    next step would train at, as Control._set_lr reckons it (a set-lr above it went uncounted as a raise:
-    debug at x7 from step 21 replayed steps 21-25 at that LR before the second rollback cut it)."""
+    next step would train at, in a warm-up the LR it rises to, as Control._set_lr reckons it (a set-lr above
+    it went uncounted as a raise: debug at x7 from step 21 replayed steps 21-25 at that LR before the second
+    rollback cut it; one at step 2 of a warm-up counted x500 for a value under the configured LR)."""
     if action == "set_lr":
-        now = run.scheduled_lr * run.lr_scale
+        now = run.set_lr_level * run.lr_scale
         return params["value"] / now if now > 0 else None
     if action in ("scale_lr", "emergency_lr_reduction"):
         return float(ACTIONS[action].check(dict(params))["factor"])

@@ -179,7 +179,7 @@ _TABLE = (
         name="set_lr",
         verb="set-lr",
         says="lr = {value:.3g}",
-        help="set the LR now; the schedule keeps its shape from this level",
+        help="set the LR now (in a warm-up, the LR it rises to); the schedule keeps its shape from this level",
         params=(ActionParam(name="value", kind="float", bounds="(0, inf)"),),
     ),
     Action(

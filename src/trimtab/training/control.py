@@ -142,8 +142,14 @@ class Control(RLKnobs):
         return f"lr multiplier {old:.3g} -> {state.lr_scale:.3g}"
 
     def _set_lr(self, value: float) -> str:
-        # The schedule keeps its shape from the new level: the multiplier is value / scheduled.
-        return self._scale_lr(value / (self._trainer.scheduled_lr() * self._trainer.state.lr_scale))
+        # The schedule keeps its shape from the new level: the multiplier is value / scheduled; in a
+        # warm-up, value / the LR it rises to (schedule.set_lr_level), the value being the LR it reaches
+        t = self._trainer
+        level, scheduled = t.set_lr_level(), t.scheduled_lr()
+        done = self._scale_lr(value / (level * t.state.lr_scale))
+        if level != scheduled:
+            done += f" (in the warm-up: it rises to {value:.3g}, {scheduled / level * value:.3g} now)"
+        return done
 
     def _emergency_lr_reduction(self, factor: float) -> str:
         return self._scale_lr(factor)

@@ -52,15 +52,18 @@ def lr_at(
     each of 6 paired seeds (docs/orchestrator.md). Past its end the schedule is the step's (the
     warm-up's last updates meet it: the lower of the two)."""
     warm = warmup_length(total, cfg, warmup)
-    low = cfg.lr * cfg.min_lr_ratio
-    # a cyclic schedule's warm-up ends where its first cycle starts, at the cycle's low end: warmed
-    # to lr, it fell 10x (min_lr_ratio 0.1) in one step after the warm-up, then climbed back
-    top = low if cfg.schedule in CYCLIC else cfg.lr
+    low, top = cfg.lr * cfg.min_lr_ratio, warmup_top(cfg)
     applied = max(step - behind, 0)
     if applied < warm:  # linear warmup to its top: (top - warm_from) / warm per update applied
         ramp = warm_from + (top - warm_from) * (applied + 1) / warm
         return ramp if step < warm else min(ramp, _after_warmup(step, warm, total, low, cfg))
     return _after_warmup(step, warm, total, low, cfg)
+
+
+def warmup_top(cfg: OptimConfig) -> float:
+    """The LR a warm-up rises to. A cyclic schedule's ends where its first cycle starts, at the cycle's
+    low end: warmed to lr, it fell 10x (min_lr_ratio 0.1) in one step after the warm-up, then climbed back."""
+    return cfg.lr * cfg.min_lr_ratio if cfg.schedule in CYCLIC else cfg.lr
 
 
 def warmup_length(total: int, cfg: OptimConfig, warmup: int | None = None) -> int:

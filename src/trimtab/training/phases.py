@@ -14,7 +14,7 @@ from trimtab.rl.batches import RolloutLoader
 from trimtab.rl.preference import PairLoader
 from trimtab.training.evaluation import held_out_figures, policy_figures
 from trimtab.training.optim import build_optimizer
-from trimtab.training.schedule import phase_lr
+from trimtab.training.schedule import phase_lr, set_lr_level
 
 FINAL_EVAL_TRIES = 3  # the run's last evaluation: a failure may be transient (an I/O error, a slow node)
 
@@ -91,3 +91,8 @@ class Phases:
         """The configured schedule's LR for the step about to run (or running), before the multiplier."""
         state = self.state
         return phase_lr(self.phases[state.phase], state.phase, state.step, state.restarts, state.warm_behind)
+
+    def set_lr_level(self) -> float:
+        """The configured LR a person's `ctl set-lr` sets the multiplier from (schedule.set_lr_level)."""
+        state = self.state
+        return set_lr_level(self.phases[state.phase], state.phase, state.step, state.restarts, state.warm_behind)

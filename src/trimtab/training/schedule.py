@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from trimtab.config import OptimConfig, RunConfig
 from trimtab.errors import ConfigError
-from trimtab.training.optim import lr_at, warmup_length
+from trimtab.training.optim import lr_at, warmup_length, warmup_top
 from trimtab.training.state import StepOutput
 
 KEYS = ("train.max_steps", "finetune.steps")  # the config key of each phase's length
@@ -84,6 +84,18 @@ def phase_lr(phase: PhaseLike, index: int, step: int, restarts: list[list[Any]],
     if warmup == 0:  # an extension too short to re-warm: it goes on at the LR the phase ended at
         return warm_from
     return lr_at(step - start, end - start, phase.optim, warm_from, warmup, behind=_late(behind, start))
+
+
+def set_lr_level(phase: PhaseLike, index: int, step: int, restarts: list[list[Any]], behind: list[int] = ()) -> float:
+    """The configured LR a person's `ctl set-lr` replaces (Control._set_lr; the multiplier becomes value / it):
+    step `step`'s, or inside a warm-up the LR the warm-up rises to. Reckoned from the warm-up's LR of the
+    moment, the shape kept from it multiplied the rest of the warm-up: `set-lr 1e-3` at step 2 of debug's
+    (a tenth of the way up) set a multiplier of 10, and the LR reached 10x the value set."""
+    start, end, _, warmup = _segment(phase, index, step, restarts)
+    warm = warmup_length(end - start, phase.optim, warmup)
+    if warmup != 0 and step - start - _late(behind, start) < warm:
+        return warmup_top(phase.optim)
+    return phase_lr(phase, index, step, restarts, behind)
 
 
 def note_withheld(state: Any, phase: PhaseLike, out: StepOutput) -> None:

@@ -343,6 +343,11 @@ class RunView:
         return self._t.scheduled_lr()
 
     @property
+    def set_lr_level(self) -> float:
+        """The configured LR a person's `ctl set-lr` replaces: the step's, in a warm-up its top (schedule.py)."""
+        return self._t.set_lr_level()
+
+    @property
     def applied_lr(self) -> float:
         """The LR the optimizer holds now: what the update applies."""
         return self._t.optimizer.param_groups[0]["lr"]
