@@ -178,7 +178,45 @@ def test_a_failing_tracker_never_breaks_training(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(tracking.MlflowTracker, "metrics", broken)
     summary = _train(tmp_path / "b", 4, {"mlflow": {"enabled": True}})
     assert summary["status"] == "completed" and summary["step"] == 4
-    assert "mlflow: metrics failed (OSError: the tracking server went away); tracking stops" in caplog.text
+    assert "mlflow: metrics failed (OSError: the tracking server went away); tracking paused" in caplog.text
+    assert "tracking stops, training goes on" in caplog.text  # tried once more at the end, then no more
+
+
+def test_a_tracking_server_that_blips_gets_what_it_missed_when_it_is_back(tmp_path, monkeypatch, caplog):
+    """A failure ended tracking for the run: a server down for seconds (with MLflow's retries at 2, ~6 s) left
+    its run without the rest of the metrics and decisions. It is tried again later (RETRY_AFTER, 0 here), and
+    gets the records and decisions taken meanwhile, in order."""
+    pytest.importorskip("mlflow")
+    monkeypatch.setattr(tracking, "RETRY_AFTER", 0.0)
+    sent, failed = tracking.MlflowTracker.metrics, []
+
+    def blips(self, metrics):
+        if metrics["step"] in (3, 4) and len(failed) < 3:  # down for steps 3-4 (tried again at each)
+            failed.append(metrics["step"])
+            raise ConnectionError("connection reset")
+        sent(self, metrics)
+
+    monkeypatch.setattr(tracking.MlflowTracker, "metrics", blips)
+    summary = _train(tmp_path / "c", 8, {"mlflow": {"enabled": True}}, faults=["nan_loss@4"])
+    assert summary["status"] == "completed" and failed == [3, 3, 3]
+    client, (run,) = _mlflow_run(tmp_path / "mlflow.db", "debug")
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == list(range(1, 9))
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "decision/skip_step")] == [4]
+    assert run.info.status == "FINISHED" and "back after 3 failed tries" in caplog.text
+
+
+def test_a_tracker_down_for_good_stops_after_its_tries_and_waits_between_them(monkeypatch):
+    """Tries are spaced (each costs a step the client's retries), doubling, and end after OUTAGES."""
+    clock = [0.0]
+    monkeypatch.setattr(tracking.time, "monotonic", lambda: clock[0])
+    tracker, tries = tracking.Tracker(Path("r")), []
+    tracker.started, tracker.live, tracker.run = True, True, object()
+    tracker.metrics = lambda m: (tries.append(clock[0]), (_ for _ in ()).throw(OSError("down")))
+    for second in range(0, 2000, 10):
+        clock[0] = float(second)
+        tracker.on_log(None, {"step": second, "loss": 1.0})
+    assert tries == [0.0, 60.0, 180.0, 420.0, 900.0] and tracker.broken
+    assert tracker.backlog == []  # kept while it was tried, not after: the run's files hold them
 
 
 @pytest.mark.parametrize(

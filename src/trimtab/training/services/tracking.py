@@ -130,9 +130,19 @@ def numbers(metrics: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if k != "step" and isinstance(v, (int, float))}  # NaN too: evidence
 
 
+RETRY_AFTER = 60.0  # seconds before a tracker that failed is tried again, doubled after each failure in a row
+OUTAGES = 5  # failures in a row (about half an hour down) before tracking stops for the run
+BACKLOG = 10_000  # metric records kept for a tracker that is down, sent when it is back (the oldest dropped past it)
+
+
 class Tracker(Hook):
     """What both trackers share: failure containment, decisions sent once each as the journal
-    takes them (Hook.on_decision), the end."""
+    takes them (Hook.on_decision), the end.
+
+    A failure pauses the tracker, not the run's tracking: a server that blipped for seconds ended tracking
+    for the run (MLflow's retries at 2: ~6 s). It is tried again after RETRY_AFTER seconds, doubling, and the
+    metrics and decisions taken meanwhile are sent then, in order; after OUTAGES failures in a row it stops.
+    A failed try costs the step it falls in the client's own retries, so tries are spaced, not made each step."""
 
     name = "tracker"
 
@@ -140,52 +150,92 @@ class Tracker(Hook):
         self.run_dir = Path(run_dir)
         self.run_id: str | None = None
         self.sent_decisions: set[int] = set()
-        self.queued: list[dict[str, Any]] = []  # decisions not sent yet (taken before the tracker started)
+        self.queued: list[
+            dict[str, Any]
+        ] = []  # decisions not sent yet (taken before the tracker started, or while down)
+        self.backlog: list[dict[str, Any]] = []  # metric records not sent yet (while down)
+        self.dropped = 0  # metric records the backlog had no room for
         self.live = False  # between start and end: decisions go out as they come
+        self.started = False
+        self.run: RunView | None = None
+        self.failures, self.retry_at = 0, 0.0  # failures in a row; no try before retry_at (time.monotonic)
         self.broken = False
 
-    def guard(self, what: str, call, *args) -> None:
-        if self.broken:
+    def guard(self, what: str, call, *args, force: bool = False) -> None:
+        """`call`, after what a failure left unsent; a failure pauses the tracker (class docstring). `force`:
+        tried even while paused (the run's end: no later try)."""
+        if self.broken or (time.monotonic() < self.retry_at and not force):
             return
         try:
+            self._catch_up()
             call(*args)
         except Exception as exc:  # noqa: BLE001 -- a tracker is a copy of the run's files: never fatal
-            self.broken = True
-            log.warning(
-                "%s: %s failed (%s: %s); tracking stops, training goes on", self.name, what, type(exc).__name__, exc
-            )
+            self._failed(what, exc)
+            return
+        if self.failures:
+            lost = f", {self.dropped} metric records dropped" if self.dropped else ""
+            log.warning("%s: back after %d failed tries; what it missed is sent%s", self.name, self.failures, lost)
+        self.failures = self.dropped = 0
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        self.failures += 1
+        reason = f"{self.name}: {what} failed ({type(exc).__name__}: {exc})"
+        if self.failures >= OUTAGES or not self.live:  # not live: the run's end
+            self.broken, self.backlog, self.queued = True, [], []
+            log.warning("%s; tracking stops, training goes on", reason)
+            return
+        wait = RETRY_AFTER * 2 ** (self.failures - 1)
+        self.retry_at = time.monotonic() + wait
+        log.warning("%s; tracking paused, tried again in %.0f s (training goes on)", reason, wait)
+
+    def _catch_up(self) -> None:
+        """The start if it failed, then the decisions and metric records a failure left unsent, oldest first."""
+        if not self.started:
+            self.start(self.run)
+            self.started = True
+        while self.queued:
+            d = self.queued[0]
+            if d["id"] not in self.sent_decisions:
+                self.decision(d)
+                self.sent_decisions.add(d["id"])
+            self.queued.pop(0)
+        while self.backlog:
+            self.metrics(self.backlog[0])
+            self.backlog.pop(0)
+
+    def _send(self, what: str, metrics: dict[str, Any]) -> None:
+        if self.broken:
+            return
+        self.backlog.append(metrics)
+        if len(self.backlog) > BACKLOG:
+            del self.backlog[0]
+            self.dropped += 1
+        self.guard(what, lambda: None)
 
     def on_train_start(self, run: RunView) -> None:
-        self.guard("start", self.start, run)
-        self.live = True
-        self.guard("decisions", self.send_decisions)
+        self.run, self.live = run, True
+        self.guard("start", lambda: None)
 
     def on_log(self, run: RunView, metrics: dict[str, Any]) -> None:
-        self.guard("metrics", self.metrics, metrics)
+        self._send("metrics", metrics)
 
     def on_decision(self, run: RunView, decision: dict[str, Any]) -> None:
         self.queued.append(decision)
         if self.live:
-            self.guard("decisions", self.send_decisions)
+            self.guard("decisions", lambda: None)
 
     def on_eval(self, run: RunView, metrics: dict[str, Any]) -> None:
-        self.guard("metrics", self.metrics, metrics)
+        self._send("metrics", metrics)
 
     def on_rollback(self, run: RunView, saved_state: dict[str, Any]) -> None:
         # Trackers append; they cannot take the abandoned steps back. A marker says where the
         # replayed steps begin (metrics.jsonl and the report tell kept from abandoned).
-        self.guard("rollback", self.metrics, {"step": run.step, "rollback": 1.0})
+        self._send("rollback", {"step": run.step, "rollback": 1.0})
 
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
-        self.live = False
-        self.guard("end", self.end, summary)
-
-    def send_decisions(self) -> None:
-        queued, self.queued = self.queued, []
-        for d in queued:
-            if d["id"] not in self.sent_decisions:
-                self.decision(d)
-                self.sent_decisions.add(d["id"])
+        self.live = False  # a failure now stops it: there is no later try
+        if self.run is not None:
+            self.guard("end", self.end, summary, force=True)
 
     def artifacts(self) -> list[Path]:
         """The report, the run's own files and (newest valid) final checkpoint."""
