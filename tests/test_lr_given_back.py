@@ -75,3 +75,11 @@ def test_a_short_run_whose_loss_falls_is_cut_without_a_rollback_and_not_at_its_l
     above = _gain(step=7)
     above.evidence["loss"] = 6.3
     assert policy.plan(above, View(lr_scale=1.0, total_steps=10)).action == "rollback"
+
+
+def test_no_give_back_at_the_runs_last_step():
+    """Nothing trains at a give-back made at the run's last step: debug-moe at 30x its LR journaled x1.12 at step
+    100 of 100, its outcome "too early" for good. The give-back due then is not made."""
+    policy, view = Policy(OrchestratorConfig()), View(lr_scale=1.0, total_steps=52)
+    _cut(policy, view)
+    assert [s for s, _ in _quiet_until(policy, view, 13, 52)] == [32]  # 52 was due (an 80-step run's second)
