@@ -97,7 +97,7 @@ def test_a_remedied_rollback_gives_the_interval_back_and_a_recurring_one_shorten
     assert rule.observe(41, [STEP_S], 0.0, world=1, every=16, configured=50) is None  # hysteresis: 5 steps on
     f = rule.observe(87, [STEP_S] * 46, 0.0, world=1, every=16, configured=50)  # 50 steps trained since 16 was set
     assert f is not None and f.evidence["steps"] == 50 and f.evidence["healed_rollbacks"] == 1
-    assert "rollbacks" not in f.evidence and "remedied" in f.summary
+    assert "rollbacks" not in f.evidence and "ended in a recovery" in f.summary
     rule.rolled_back(10, decision=9)  # the run fails again: both rollbacks are failures
     again = rule.observe(88, [STEP_S], 0.0, world=1, every=50, configured=50)
     assert again.evidence["rollbacks"] == 2 and again.evidence["steps"] == 16  # the rollbacks' floor

@@ -197,7 +197,9 @@ class CheckpointInterval:
             )
         if self.healed:
             evidence["healed_rollbacks"] = self.healed
-            return f"; this run's {self.healed} rollback(s) were remedied (outcome recovered): no failure to expect"
+            # the incident's, not each one's: earlier rollbacks of it may read "not recovered", the last remedied it
+            healed = f"{self.healed} rollback(s)" if self.healed > 1 else "rollback"
+            return f"; this run's {healed} ended in a recovery (the last one's outcome): no failure to expect"
         return ""
 
     def _young(self, stall: float, step_s: float, world: int, configured: int) -> tuple[float, float, int]:
