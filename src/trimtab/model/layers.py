@@ -311,7 +311,9 @@ class Attention(nn.Module):
             k, v = cache.update(layer, k, v)  # [B, K, S, E]
         # No mask tensor in the common cases: is_causal when keys start at position 0 (S == T),
         # nothing when a single new token sees the whole cache; `mask` for chunked prefill.
-        causal = mask is None and k.shape[2] == T
+        # S == T needs no comparison without a cache: under torch.compile with a dynamic T it
+        # would be a SymBool, which SDPA's is_causal does not take (a graph break)
+        causal = mask is None and (cache is None or k.shape[2] == T)
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=G > 1
         )  # [B, H, T, E]

@@ -26,6 +26,10 @@ in the forward is processed (the common case of a skipped decode step), f is not
 
 Capacity is a plain attribute, per layer: `target` (config or the orchestrator) and `capacity`
 (the current value, warmed up linearly from 1.0 to the target over warmup_steps by set_step).
+Under torch.compile the warm-up's chosen tokens are masked, not gathered (`_warming`): k changes
+every step, and a gathered [B, k] was a new shape and a guard on the capacity's value each step,
+a recompile each step (debug-mod: 49 s a step on 2 CPU cores). Eager keeps the gather, which
+computes only the k tokens where the mask computes all T.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ class DepthRouter(nn.Module):
         self.warmup_steps = warmup_steps
         self.predictor_loss_coef = float(predictor_loss_coef)
         self.capacity = 1.0 if warmup_steps else self.target
+        self.warming = self.capacity > self.target  # a bool, not the floats: one recompile when it flips
         self.aux_loss: torch.Tensor | None = None
         self.stats: dict[str, torch.Tensor] = {}
         # RL's routing replay (rl/replay.py): a training forward routes by the causal predictor,
@@ -72,6 +77,7 @@ class DepthRouter(nn.Module):
         """Capacity at optimizer step `step`: linear from 1.0 down to `target` over warmup_steps."""
         left = max(0.0, 1.0 - step / self.warmup_steps) if self.warmup_steps else 0.0
         self.capacity = self.target + (1.0 - self.target) * left
+        self.warming = self.capacity > self.target
 
     def tokens(self, T: int) -> int:
         """Tokens per sequence a training forward processes."""
@@ -88,7 +94,9 @@ class DepthRouter(nn.Module):
         B, T, D = x.shape
         low = x.to(compute_dtype(x))  # cast once for the router and the predictor: each kept its own
         score = self.router(low).squeeze(-1).float()  # [B, T]
-        k = self.tokens(T)
+        if self.warming and torch.compiler.is_compiling():
+            return self._warming(x, low, score, f, rope, layer)
+        k = self.tokens(T)  # fixed once warmed up: a static shape
         if k == T:  # capacity 1 (warm-up start): every token, no gather
             self._record(low, score, torch.ones_like(score))
             return x + torch.sigmoid(score).unsqueeze(-1).to(x.dtype) * f(x, rope, None, None, layer)
@@ -102,12 +110,31 @@ class DepthRouter(nn.Module):
         # Causal among the chosen: sorted by position, so is_causal on the short sequence is right.
         return x.scatter(1, rows, xs + gate * f(xs, (cos[idx], sin[idx]), None, None, layer))
 
+    def _warming(
+        self, x: torch.Tensor, low: torch.Tensor, score: torch.Tensor, f: Residual, rope: tuple, layer: int
+    ) -> torch.Tensor:
+        """_top_k at a capacity that changes every step, in static shapes for torch.compile: f runs
+        on all T tokens and an attention mask keeps the same top-k, so the result is the gather's
+        (a chosen query sees the chosen keys up to itself, at their own positions; the others'
+        outputs are dropped). `capacity` is read only in tensor arithmetic, so torch.compile makes
+        it a graph input after its first change instead of guarding on each value, as ceil() did."""
+        B, T, _ = x.shape
+        rank = score.argsort(dim=-1, descending=True).argsort(dim=-1)  # [B, T]: 0 = the highest score
+        # an integer rank r < ceil(c T) iff r < c T; rank 0 always, as tokens() keeps at least one
+        chosen = (rank < self.capacity * T) | (rank == 0)
+        self._record(low, score, chosen.float())
+        pos = torch.arange(T, device=x.device)
+        visible = (pos <= pos[:, None]) & (chosen[:, None, :] | (pos == pos[:, None]))  # [B, T, T]
+        update = torch.sigmoid(score).unsqueeze(-1).to(x.dtype) * f(x, rope, visible.unsqueeze(1), None, layer)
+        return x + torch.where(chosen.unsqueeze(-1), update, torch.zeros((), dtype=update.dtype, device=x.device))
+
     def _predicted(self, x: torch.Tensor, f: Residual, rope: tuple, cache: KVCache | None, layer: int) -> torch.Tensor:
         B, T, _ = x.shape
         chosen = self.predictor(x).squeeze(-1) > 0  # [B, T]: from x_t alone, so causal
         offset = cache.pos if cache is not None else 0
         keep = cache.mark(layer, chosen) if cache is not None else chosen  # [B, S]
-        anything = bool(chosen.any())
+        # a full forward under torch.compile runs f anyway: bool() here would split the graph
+        anything = (cache is None and torch.compiler.is_compiling()) or bool(chosen.any())
         score = self.router(x).squeeze(-1).float() if self.training or anything else None
         if self.training:  # replayed: no top-k for the predictor to learn; the share processed
             # set before the return below: a micro-batch that processes nothing would leave the last
@@ -135,7 +162,7 @@ class DepthRouter(nn.Module):
         self.aux_loss = self.predictor_loss_coef * bce if self.predictor_loss_coef > 0 else None
         gate = (torch.sigmoid(score.detach()) * chosen).sum() / chosen.sum()
         self.stats = {
-            "capacity": score.new_tensor(self.capacity),
+            "capacity": score.new_ones(()) * self.capacity,  # not new_tensor(): no guard on the float
             "predictor_acc": ((logits > 0) == (chosen > 0)).float().mean().detach(),
             "gate": gate,
         }
