@@ -62,8 +62,8 @@ def test_mixture_of_depths_and_hybrids_leave_with_their_own_function(preset, tok
 
 def test_the_export_command_says_how_a_remote_code_model_loads(tokenizer, tmp_path, capsys):
     """`trimtab export` of a MoD model prints the load call with trust_remote_code=True (as
-    written without it, transformers refuses), and its tokenizer's with trust_remote_code=False; a
-    dense export's calls have neither."""
+    written without it, transformers refuses), and its tokenizer's through PreTrainedTokenizerFast;
+    a dense export's calls have neither."""
     from trimtab.cli import main
 
     for preset, remote in (("debug-mod", True), ("debug", False)):
@@ -72,7 +72,7 @@ def test_the_export_command_says_how_a_remote_code_model_loads(tokenizer, tmp_pa
         printed = capsys.readouterr().out
         assert ("from_pretrained(DIR, trust_remote_code=True)" in printed) is remote, printed
         # its tokenizer needs no code: said, else transformers 5 asks "Do you wish to run the custom code?"
-        assert ("AutoTokenizer.from_pretrained(DIR, trust_remote_code=False)" in printed) is remote, printed
+        assert ("PreTrainedTokenizerFast.from_pretrained(DIR)" in printed) is remote, printed
 
 
 def test_moe_after_surgery_with_a_selection_bias_and_a_gated_shared_expert(tokenizer, tmp_path):
@@ -168,6 +168,39 @@ def test_a_remote_code_exports_tokenizer_loads_as_a_standard_one_without_remote_
         assert type(hf_tok).__module__.startswith("transformers.")
         assert hf_tok(text).input_ids == tokenizer.encode(text)
         assert (hf_tok.eos_token_id, hf_tok.pad_token_id) == (tokenizer.eos_id, tokenizer.pad_id)
+
+
+def test_the_printed_tokenizer_load_of_a_remote_code_export_warns_nothing(tokenizer, tmp_path, capsys):
+    """The tokenizer call `trimtab export` prints for a hybrid, run as printed, loads without
+    "You are using a model of type `trimtab`..." (transformers 5's AutoTokenizer with
+    trust_remote_code=False falls back to a bare config of the model and warns) and without a
+    question; so does AutoTokenizer given the model's own trust_remote_code=True."""
+    import logging
+    import re
+
+    from trimtab.cli import main
+
+    run = write_run(tmp_path / "run", model_of("debug-hybrid", tokenizer), tokenizer)
+    out = tmp_path / "hf"
+    assert main(["export", str(run), "--out", str(out)]) == 0
+    call = re.search(r"its tokenizer with (\w+)\.from_pretrained\(DIR(.*?)\)", capsys.readouterr().out)
+    kwargs = dict(kw.split("=") for kw in call.group(2).replace(" ", "").split(",") if kw)
+    printed = (getattr(transformers, call.group(1)), {k: v == "True" for k, v in kwargs.items()})
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append  # transformers' logger does not propagate to pytest's caplog
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        for cls, kw in (printed, (transformers.AutoTokenizer, {"trust_remote_code": True})):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                hf_tok = cls.from_pretrained(out, **kw)
+            said = [r.getMessage() for r in records] + [str(w.message) for w in caught]
+            assert not [m for m in said if "model of type" in m], (cls, kw, said)
+            assert hf_tok("def f3(x):").input_ids == tokenizer.encode("def f3(x):")
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    assert "Do you wish to run the custom code" not in capsys.readouterr().out
 
 
 def test_a_bfloat16_export_runs_at_its_own_dtype(tokenizer, tmp_path):

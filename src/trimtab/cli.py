@@ -93,8 +93,10 @@ def _export(args: argparse.Namespace) -> int:
     out, path = export_checkpoint(args.run_dir, args.out, step=args.step, dtype=args.dtype, snapshot=args.snapshot)
     remote = ", trust_remote_code=True" if any(Path(out).glob("modeling_*.py")) else ""  # its own model code
     load = f"transformers' AutoModelForCausalLM.from_pretrained(DIR{remote})"
-    if remote:  # transformers 5's AutoTokenizer reads config.json first and asks about its code, which it never uses
-        load += ", its tokenizer with AutoTokenizer.from_pretrained(DIR, trust_remote_code=False)"
+    # transformers 5's AutoTokenizer reads config.json first: it asks about the model's code, or with
+    # trust_remote_code=False warns of "a model of type `trimtab`"; this class reads the tokenizer's files only
+    if remote:
+        load += ", its tokenizer with PreTrainedTokenizerFast.from_pretrained(DIR)"
     # the step said: a corrupt newest checkpoint is skipped with a warning, and this line is what is read
     step = int(path.name.removeprefix("step_"))
     what = f"lean snapshot step {step}" if args.snapshot is not None else f"checkpoint step {step}"
