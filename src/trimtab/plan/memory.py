@@ -81,6 +81,7 @@ class Hardware:
     peak_source: str
     memory_bytes: int | None  # per device
     devices: int = 1
+    precision_source: str = ""  # why that precision: a CPU's may come from timing the model's step
 
 
 def named_gpu(name: str, devices: int = 1) -> Hardware:
@@ -124,6 +125,7 @@ def detect_hardware(
         peak_source=source,
         memory_bytes=memory,
         devices=devices,
+        precision_source=precision.reason,
     )
 
 

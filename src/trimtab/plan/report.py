@@ -343,6 +343,8 @@ def format_plan(plan: Plan) -> str:
         f"  planned run     {_hours(plan.hours)}",
         f"  configured run  {_hours(plan.run_hours)}",
     ]
+    if hw.precision_source:  # on a CPU with native bf16, a step of this model timed (or its cached timing)
+        lines.append(f"  precision       {hw.precision}: {hw.precision_source}")
     if hw.devices > 1 and plan.layout is not None and (b := plan.layout.best) is not None:  # communication counted
         lines.append(
             f"  with the layout {_hours(plan.run_steps * b.step_s / 3600)} for the configured run "
