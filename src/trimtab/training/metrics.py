@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trimtab.peaks import beaten_peak
-from trimtab.training.runtime import mod_metrics, moe_metrics, peak_rss_mb
+from trimtab.training.runtime import mod_metrics, moe_metrics, peak_rss_mb, read_scalars
 from trimtab.training.services.signals import stop_exit
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ def step_metrics(trainer: Trainer, lr: float) -> dict[str, Any]:
     }
     if len(finite) < len(losses):
         metrics["nonfinite_steps"] = len(losses) - len(finite)  # their loss or gradient norm NaN or inf
+    metrics.update(gain_metrics(trainer.window.gains))
     if trainer.cfg.rl.enabled:
         metrics["rl/temperature"] = trainer.rl_temperature  # rule rl_signal's knob
         metrics["rl/entropy_coef"] = trainer.rl_entropy_coef  # rule rl_entropy's
@@ -65,6 +66,17 @@ def step_metrics(trainer: Trainer, lr: float) -> dict[str, Any]:
     if trainer.device.type == "cuda":
         metrics["cuda_max_alloc_mb"] = torch.cuda.max_memory_allocated() / 2**20
     return metrics
+
+
+def gain_metrics(gains: list) -> dict[str, float]:
+    """The window's update gains (training/gain.py; measured where a rule asks for them: above_start over a
+    phase's first 15 steps) as the log line's `update_gain` (their mean, as `loss` is) and `update_gain_min`
+    (the worst: one overshooting update, under 0, among sound ones); none where no step was measured, or only
+    withheld updates (their gain inf or NaN: nothing was predicted)."""
+    finite = [g for g in read_scalars(gains) if math.isfinite(g)] if gains else []
+    if not finite:
+        return {}
+    return {"update_gain": sum(finite) / len(finite), "update_gain_min": min(finite)}
 
 
 def run_summary(trainer: Trainer, step0: int, tokens0: int, train_seconds0: float, wall0: float) -> dict[str, Any]:

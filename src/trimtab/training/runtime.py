@@ -23,6 +23,7 @@ class LogWindow:
     tokens: int = 0
     seconds: float = 0.0
     skips: list = field(default_factory=list)
+    gains: list = field(default_factory=list)  # the steps' update gains, where measured (training/gain.py)
 
     def read(self) -> tuple[list[float], list[float], int]:
         """Losses, grad norms and the count of skipped updates: one device read for the window."""

@@ -437,6 +437,8 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
         self.window.losses.append(out.loss)
         self.window.norms.append(out.grad_norm)
         self.window.skips.append(out.skipped if out.skipped is not None else False)
+        if out.update_gain is not None:
+            self.window.gains.append(out.update_gain)
         self.last_step_out = out  # the log line reports the latest step's MoE telemetry
         self.window.tokens += out.batch.n_tokens
         self.window.seconds += out.seconds
