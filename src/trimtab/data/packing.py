@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from trimtab.config import DataConfig
-from trimtab.data import junk, junk_cache, quality
+from trimtab.data import junk, junk_cache, quality, stretches
 from trimtab.data.prepared import ShardedRows, hold_out, rows_digest
 from trimtab.data.sources import Document, corpus_fingerprint
 from trimtab.data.tokenizer import TextTokenizer, cache_not_written
@@ -342,11 +342,13 @@ def _screen(
     if not junk.holds_words(texts, junk.SMALL_WORDS):  # its own reference: too small to judge word order by
         logger.warning("%s", junk.unjudged_line([key or "the training data"]))
     junky = np.array([verdict is not None for verdict in verdicts], dtype=bool)
+    names = [doc.source or f"document {i}" for i, doc in enumerate(docs)]
+    if inside := stretches.inside(texts, names, junky | found.flagged):
+        logger.warning("%s", stretches.line(inside, False, training=True))
     extra = junky & ~found.flagged
     if not found.count and not extra.any():
         return tokenized
     drop = cfg.garbage_filter == "drop"
-    names = [doc.source or f"document {i}" for i, doc in enumerate(docs)]
     if found.count:
         logger.warning("%s", quality.report(found, names, n_bytes, key, drop))
     if extra.any():

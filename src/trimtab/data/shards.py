@@ -221,8 +221,10 @@ class _Encoder:
         }
 
     def add(self, doc: Document | None, first: bool, last: bool, line: int) -> None:
-        if doc is not None and not (first and last) and self.scale is not None and len(doc.segments) == 1:
-            # a long text file's piece: judged in stretches, so junk inside a file of text is seen (stretches.py)
+        long = doc is not None and (not (first and last) or len(doc.text) > stretches.JUDGE_CHARS)
+        if long and self.scale is not None and len(doc.segments) == 1:
+            # a long text file's piece, or a text file under one piece but over a stretch (900K characters, 400K of
+            # them salad, was judged whole, flagged whole): judged in stretches, so junk inside text is seen
             parts = stretches.split(doc.text) or [doc.text]
             for i, part in enumerate(parts):
                 self._add(Document([(part, doc.segments[0][1])]), first and i == 0, last and i == len(parts) - 1, line)
