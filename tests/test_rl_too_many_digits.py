@@ -31,6 +31,29 @@ def test_a_builtin_task_too_long_names_the_digits_that_fit():
     assert "lower rl.max_new_tokens" not in words
 
 
+class Counting(CharTokenizer):
+    def __init__(self) -> None:
+        self.encoded = 0
+
+    def encode(self, text: str, specials: bool = False) -> list[int]:
+        self.encoded += 1
+        return super().encode(text, specials)
+
+
+def test_the_refusal_measures_samples_not_the_whole_task_at_every_difficulty():
+    """builtin:arithmetic:99 took ~70 s to refuse on a loaded host: the whole task encoded (100,000 prompts), then
+    2,048 a difficulty of the search, then the whole task at the digits that fit. Now the longest in characters of a
+    sample's, so one whole task (the sure fit): ~210,000 encodes -> ~100,400 here, the same words."""
+    rl = RLConfig(prompts="builtin:arithmetic:30", held_out=0, max_new_tokens=8)
+    run = SimpleNamespace(
+        rl=rl, train=SimpleNamespace(max_steps=1, epochs=0, seed=0), model=SimpleNamespace(max_seq_len=40)
+    )
+    tok = Counting()
+    with pytest.raises(ConfigError, match=r"at 30 digits has prompts of 62 tokens.*builtin:arithmetic:15 \(the most"):
+        build_rl_phase(run, tok)
+    assert tok.encoded < 110_000
+
+
 def test_a_configured_difficulty_above_the_ceiling_says_both():
     c = cfg()
     most = c.rl_signal.max_difficulty

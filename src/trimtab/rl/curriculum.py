@@ -19,9 +19,7 @@ from typing import Any
 
 from trimtab.errors import ConfigError
 from trimtab.rl.order import EpochOrder, fingerprint
-from trimtab.rl.tasks import builtin
-
-LONGEST = 64  # prompts encoded to find the longest: the longest in characters (all a task of a few digits has)
+from trimtab.rl.tasks import builtin, longest_tokens
 
 
 def set_difficulty(loader: Any, digits: int, max_seq_len: int = 0) -> str:
@@ -34,8 +32,7 @@ def set_difficulty(loader: Any, digits: int, max_seq_len: int = 0) -> str:
             "builtin:arithmetic:DIGITS; harder prompts in the file are a person's to write"
         )
     train, _ = builtin(digits, loader.seed, 0)
-    longest_text = sorted(train, key=lambda p: len(p.prompt))[-LONGEST:]
-    longest = max(len(loader.tok.encode(p.prompt, specials=True)) for p in longest_text)
+    longest = longest_tokens(loader.tok, train)
     if max_seq_len and longest + loader.cfg.max_new_tokens > max_seq_len:
         if digits == loader.difficulty + 1:  # the task's ceiling here, in the step's figures: rule rl_signal stops
             # the learned task at it, not raising it again every window (it did, each raise journaled as failed, and

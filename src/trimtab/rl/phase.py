@@ -16,7 +16,7 @@ from trimtab.data.tokenizer import TextTokenizer
 from trimtab.errors import ConfigError
 from trimtab.rl.batches import RolloutLoader
 from trimtab.rl.rewards import verifier
-from trimtab.rl.tasks import Problem, arithmetic, builtin, read_problems
+from trimtab.rl.tasks import Problem, arithmetic, builtin, longest_tokens, read_problems
 
 log = logging.getLogger(__name__)
 SAMPLE = 2048  # the built-in task's prompts a refusal measures a difficulty by (_too_many_digits)
@@ -103,6 +103,7 @@ def build_rl_phase(cfg: RunConfig, tok: TextTokenizer) -> RLPhase:
     verifier(cfg.rl.reward)  # a verifier that is not there is told now, not at the first step's scoring
     if cfg.rl.held_out_reward:
         verifier(cfg.rl.held_out_reward, "rl.held_out_reward")
+    _refuse_too_many_digits(cfg, tok)
     train, held = problems_of(cfg)
     longest = _longest(tok, train + held)
     if longest + cfg.rl.max_new_tokens > cfg.model.max_seq_len:
@@ -135,6 +136,22 @@ def _too_long(cfg: RunConfig, tok: TextTokenizer, problems: list[Problem], longe
     )
 
 
+def _refuse_too_many_digits(cfg: RunConfig, tok: TextTokenizer) -> None:
+    """The built-in task refused on a sample's longest prompts, before the whole task is drawn and measured
+    (100,000 prompts encoded, and 2,048 a difficulty of the search: 208,000 encodes, 15-25 s at
+    builtin:arithmetic:99 on 2 cores, ~70 s on a loaded host; now 6 s, mostly _too_many_digits' sure fit). A sample
+    that fits leaves the word to the whole task's measure."""
+    try:
+        digits = digits_of(cfg.rl.prompts)
+    except ValueError:
+        return  # problems_of names the key
+    if digits is None:
+        return
+    longest = longest_tokens(tok, arithmetic(SAMPLE, cfg.train.seed, digits))
+    if longest + cfg.rl.max_new_tokens > cfg.model.max_seq_len:
+        raise ConfigError(_too_many_digits(cfg, tok, digits, longest))
+
+
 def _too_many_digits(cfg: RunConfig, tok: TextTokenizer, digits: int, longest: int) -> str:
     """The built-in task's refusal: it named rl.max_new_tokens (at 99 digits, "at most 1"), a response too short to
     answer, where the digits are what to lower; it names the most that fit (a search over the difficulties, each by
@@ -142,8 +159,7 @@ def _too_many_digits(cfg: RunConfig, tok: TextTokenizer, digits: int, longest: i
     room, low, high = cfg.model.max_seq_len - cfg.rl.max_new_tokens, 0, digits - 1
     while low < high:  # the most digits in [0, digits - 1] whose sampled prompts fit: longer operands, longer prompts
         mid = (low + high + 1) // 2
-        sample = arithmetic(SAMPLE, cfg.train.seed, mid)
-        if max(len(tok.encode(p.prompt, specials=True)) for p in sample) <= room:
+        if longest_tokens(tok, arithmetic(SAMPLE, cfg.train.seed, mid)) <= room:
             low = mid
         else:
             high = mid - 1

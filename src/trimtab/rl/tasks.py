@@ -20,6 +20,7 @@ from trimtab.data.formats import Record, parse_json, records
 from trimtab.errors import DataError
 
 TRAIN_PROBLEMS = 100_000  # the built-in task's training problems at most (two digits: ~18,000 in all)
+LONGEST = 64  # prompts encoded to find the longest: the longest in characters (all a task of a few digits has)
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,14 @@ def builtin(digits: int, seed: int, n_held: int) -> tuple[list[Problem], list[Pr
     """The built-in task at `digits` (its difficulty: rl.prompts builtin:arithmetic:DIGITS, or a curriculum
     step of rule rl_signal's, rl/curriculum.py): its training problems and `n_held` held-out ones."""
     return arithmetic(TRAIN_PROBLEMS, seed, digits), arithmetic(n_held, seed, digits, split="held_out")
+
+
+def longest_tokens(tok: Any, problems: list[Problem]) -> int:
+    """The most tokens among the LONGEST prompts of `problems` longest in characters (`tok` a TextTokenizer): a
+    floor under the longest of them all, each being one of them, from 64 encodes instead of one each (a tokenizer's
+    merges make a prompt's tokens no function of its characters: one of fewer may have more)."""
+    longest = sorted(problems, key=lambda p: len(p.prompt))[-LONGEST:]
+    return max(len(tok.encode(p.prompt, specials=True)) for p in longest)
 
 
 def json_lines(path: Path) -> Iterator[tuple[Record, Any]]:
