@@ -51,7 +51,7 @@ def test_a_raise_lengthens_the_phase_rows():
     phase = RLPhase("rl", 0, 1, DataConfig(seq_len=4 + ours.cfg.max_new_tokens), None, [], [], ours.tok, 4)
     ours.on_difficulty = lambda: phase.fit(ours)  # as RLPhase.loader wires it
     t = SimpleNamespace(loader=ours, cfg=SimpleNamespace(model=SimpleNamespace(max_seq_len=64)))
-    t.phases, t.state = [phase], SimpleNamespace(phase=0)
+    t.phases, t.state = [phase], SimpleNamespace(phase=0, rl_difficulty=None)
     try:
         RLKnobs._set_rl_difficulty(SimpleNamespace(_trainer=t), 2)
     finally:

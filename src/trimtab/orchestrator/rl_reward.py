@@ -281,6 +281,7 @@ NAMES = {
     "set_entropy_bonus": "the entropy bonus",
     "set_overlong_penalty": "the overlong penalty (tokens)",
     "set_overlong_filter": "the overlong filter",
+    "set_rl_difficulty": "the task's difficulty (digits)",
 }
 assert set(NAMES) == set(PUT_BACK), "rl_reward.NAMES names the knobs actions.PUT_BACK reads"
 

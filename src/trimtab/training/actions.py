@@ -156,6 +156,7 @@ PUT_BACK: dict[str, Callable[[Any], Any]] = {
     "set_entropy_bonus": lambda view: view.rl_entropy_coef,
     "set_overlong_penalty": lambda view: view.rl_overlong[1],
     "set_overlong_filter": lambda view: "on" if view.rl_overlong[0] else "off",
+    "set_rl_difficulty": lambda view: view.rl_difficulty,  # a curriculum raise (rl/curriculum.py)
 }
 
 _TABLE = (

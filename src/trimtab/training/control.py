@@ -179,7 +179,7 @@ class Control(RLKnobs):
                 f"; the skip-step asked with it is dropped (by {self.skip_by}: the step it was to withhold is not "
                 "trained on this branch, and the replay's first is no step it judged; ask again if still wanted)"
             )
-        return done + "".join(f"; {line}" for line in self._put_back(knobs or []))
+        return done + "".join(f"; {line}" for line in self._put_back(knobs or []) + self.keep_rl_difficulty())
 
     def _put_back(self, turns: list[list[Any]]) -> list[str]:
         """Knobs turned after the step restored, back to what its policy ran with. `turns`:

@@ -58,8 +58,31 @@ class RLKnobs:
         t = self._trainer
         if not isinstance(t.loader, RolloutLoader):
             return "no RL phase is running: the task's difficulty is unchanged"
+        before = t.state.rl_difficulty or t.loader.difficulty  # RunView.rl_difficulty
+        if digits == t.loader.difficulty != before:  # a rollback's put-back (Control._put_back): the loader restored it
+            t.state.rl_difficulty = digits
+            return (
+                f"RL task difficulty {before} -> {digits} digits: the raise reverted with the policy it fell from "
+                "(the restored checkpoint's problems, in its order)"
+            )
         # a ConfigError: answered as failed; the phase's rows widened by the loader's phase (RLPhase.fit)
-        return set_difficulty(t.loader, digits, t.cfg.model.max_seq_len)
+        done = set_difficulty(t.loader, digits, t.cfg.model.max_seq_len)
+        t.state.rl_difficulty = digits  # a journaled decision, as an LR cut: a rollback keeps it (keep_rl_difficulty)
+        return done
+
+    def keep_rl_difficulty(self) -> list[str]:
+        """After a rollback (Control._rollback, once the knobs are put back): a raise decided after the restored
+        checkpoint, drawn again. The loader came back at the checkpoint's difficulty, undoing the raise unsaid; rule
+        rl_signal raised it again a window later (a weights_nan rollback: 4 more steps at the learned task). A fall's
+        rollback (rl_reward, a held-out fall) reverts a rule's raise with the other knobs it puts back instead."""
+        t = self._trainer
+        kept = t.state.rl_difficulty
+        # a prompt file since (a resume's edit of rl.prompts) has no difficulty: nothing to keep
+        if not isinstance(t.loader, RolloutLoader) or not kept or t.loader.difficulty in (0, kept):
+            return []
+        # it fitted model.max_seq_len when raised; RLPhase.fit widens data.seq_len again
+        done = set_difficulty(t.loader, kept, t.cfg.model.max_seq_len)
+        return [f"{done}: the raise decided after the checkpoint kept"]
 
     def _set_verifier_timeout(self, value: float) -> str:
         t = self._trainer

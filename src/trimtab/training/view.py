@@ -387,6 +387,12 @@ class RunView:
         return self._t.rl_temperature
 
     @property
+    def rl_difficulty(self) -> int:
+        """The built-in RL task's digits now: a raise's (kept across a rollback, rl_control.py), else the loader's
+        (0: a prompt file's task, or no RL phase)."""
+        return self._t.state.rl_difficulty or getattr(self._t.loader, "difficulty", 0)
+
+    @property
     def rl_max_staleness(self) -> int:
         """Optimizer steps RL's rollouts may be behind now (a decision's, else rl.max_staleness)."""
         return getattr(self._t.loader, "max_staleness", self._t.cfg.rl.max_staleness)
