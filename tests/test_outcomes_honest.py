@@ -94,7 +94,7 @@ def test_the_lr_chart_draws_the_schedule_as_logged():
 def test_the_log_line_has_the_schedules_own_lr():
     out = SimpleNamespace(scheduled_lr=1.4e-3, aux_loss=None, moe=None, mod=None)
     trainer = SimpleNamespace(
-        window=SimpleNamespace(read=lambda: ([5.0], [1.0], 0), tokens=1024, seconds=1.0),
+        window=SimpleNamespace(read=lambda: ([5.0], [1.0], 0), tokens=1024, seconds=1.0, gains=[]),
         state=SimpleNamespace(step=50, phase=0, lr_scale=0.1, tokens=51200),
         phases=[SimpleNamespace(name="pretrain")],
         loader=SimpleNamespace(micro_batch_tokens=1024, epoch=0, metrics=dict),
