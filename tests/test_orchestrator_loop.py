@@ -454,8 +454,12 @@ def test_bad_batch_spikes_are_skipped_their_rows_left_out_and_training_recovers(
     spike = ["orchestrator.spike.window=8", "orchestrator.spike.min_samples=8", "orchestrator.spike.sigma=3"]
     summary = trimtab.train(debug_cfg(run, steps=24, faults=["bad_batch@18:4"], sets=spike))
     assert summary["status"] == "completed"
-    ds = decisions(run)
-    assert [(d["step"], d["rule"], d["action"]) for d in ds] == [(s, "row_gate", "skip_data") for s in range(18, 22)]
+    ds, made_up = decisions(run, "row_gate"), decisions(run, "make_up")
+    assert [(d["step"], d["rule"], d["action"]) for d in decisions(run)] == [
+        *[(s, "row_gate", "skip_data") for s in range(18, 22)],
+        (24, "make_up", "set_total_steps"),  # the last step, sound: made up there (no quiet steps follow it)
+    ]
+    assert made_up[0]["applied"] == ["total steps 24 -> 26"]  # 2 of 4: orchestrator.make_up.max_fraction
     assert all("rerun" not in d["evidence"] for d in ds)  # withheld once, not re-run: its gradient is zero
     assert all("> trend" in d["evidence"]["spike"]["summary"] for d in ds)  # each step's spike, noted
     assert all(
@@ -896,11 +900,14 @@ def test_ctl_commands_mid_run(tmp_path, capsys):
         (3, "manual", "pause_rule", "manual"),
         (5, "manual", "scale_lr", "manual"),
         (9, "manual", "none", "manual"),  # refused when applied: the refusal alone (people.py)
+        # the NaN's update, withheld at step 7, made up at the last step (the rule that would journal it paused)
+        (10, "make_up", "set_total_steps", "auto"),
         (10, "manual", "none", "manual"),
     ]
+    assert summary["step"] == 11
     failure = "set_total_steps: 4 would end pretraining before the current step 9"
     assert ds[2]["applied"] == [] and ds[2]["outcome"]["error"] == failure and ds[2]["outcome"]["result"] == "failed"
-    assert [ds[2]["summary"], ds[3]["summary"]] == ["set_total_steps 4 (refused)", "set_rl_temperature 0.5 (refused)"]
+    assert [ds[2]["summary"], ds[4]["summary"]] == ["set_total_steps 4 (refused)", "set_rl_temperature 0.5 (refused)"]
     assert ds[0]["applied"] == ["paused rules: nonfinite"]
     assert ds[1]["params"] == {"factor": 0.5} and ds[1]["applied"] == ["lr multiplier 1 -> 0.5"]
     # the NaN at step 7 was not journaled (the rule is paused) ...
@@ -959,8 +966,9 @@ def test_cli_inject_prints_the_decision(tmp_path, capsys):
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert "[orchestrator] step 10 nonfinite: loss nan, grad norm nan -> skip step" in captured.err
-    assert "completed: step 12/12" in captured.out
-    assert [d["rule"] for d in decisions(tmp_path / "r")] == ["nonfinite"]
+    # step 10's update, withheld, made up at the last step (sound): 13 steps
+    assert "completed: step 13/13" in captured.out
+    assert [d["rule"] for d in decisions(tmp_path / "r")] == ["nonfinite", "make_up"]
 
 
 @pytest.mark.parametrize(
@@ -1002,9 +1010,12 @@ def test_withheld_updates_are_made_up_once_the_stretch_is_over(tmp_path):
     spike = ["orchestrator.spike.window=8", "orchestrator.spike.min_samples=8", "orchestrator.spike.sigma=3"]
     summary = trimtab.train(debug_cfg(run, steps=32, faults=["bad_batch@18:3"], sets=spike))
     withheld = [s for s, skipped in by_step(run, "skipped_steps").items() if skipped]
-    [made] = decisions(run, "make_up")
+    made, *later = decisions(run, "make_up")
     assert made["evidence"]["withheld"] == 3 and made["evidence"]["withheld_steps"] == [18, 19, 20]
     assert made["step"] == 25 and made["action"] == "set_total_steps" and made["params"]["steps"] == 35
     assert made["applied"] == ["total steps 32 -> 35"]
     assert summary["status"] == "completed" and summary["step"] == 35 and withheld  # the 3 steps are made up
     assert sum(m.get("skipped_steps", 0) for m in read_metrics(run) if m["step"] <= 24) == 3
+    # here a spike's skip at step 33 (3 sigma: a close call on other CPUs), past the cap (10% of 32: 3), said at
+    # the last step (35), owed, not made up
+    assert all(d["step"] == 35 and d["action"] == "none" and d["evidence"]["extend"] == 0 for d in later)

@@ -19,6 +19,11 @@ NaN at step 30 refused at step 35 with the cap spent; resumed to 60 steps it was
 The steps made up stay on top of a resume's new train.max_steps, as on a fresh run of that length,
 and count against its cap: its decisions say so (set_total_steps by="make_up", TrainState.made_up;
 schedule.reconcile), where a resume used to drop them while `made` still counted them.
+Pretraining's last step leaves no quiet steps to wait for: what is owed then is granted there when
+that step is sound (no instability finding at it), and otherwise said in a note and kept owed for a
+resume to a longer run (debug, 60 steps: bad_batch@58:4 ended with 57 updates and nan_loss@59 with 59,
+nothing journaled; now 64 steps and 61, 60 updates each). A grant at an unstable end skipped the `end`
+rule's check of the broken weights (weights_noise@24:3): a spike at the added step rolled back instead.
 """
 
 from __future__ import annotations
@@ -71,12 +76,14 @@ class MakeUp:
             self.owed, self.refused = sorted(self.refused + self.owed), []
         if not self.owed and self.credit and m.step - max(last_unstable, self.credit_until) >= self.cfg.quiet_steps:
             return self._give_back(m.step, total, configured)
-        if not self.owed or m.step - max(last_unstable, self.owed[-1]) < self.cfg.quiet_steps:
+        ends = m.step >= configured  # pretraining's last step: no quiet steps follow it
+        if not self.owed or (not ends and m.step - max(last_unstable, self.owed[-1]) < self.cfg.quiet_steps):
             return None
         owed, self.owed, persons, self.persons, hooks, self.hooks = self.owed, [], self.persons, [], self.hooks, []
-        return self._grant(
-            m.step, owed, {"person_skips": persons[:SHOWN], "hook_skips": hooks[:SHOWN]}, cap, total, configured
-        )
+        skips = {"person_skips": persons[:SHOWN], "hook_skips": hooks[:SHOWN]}
+        if ends and last_unstable >= m.step:  # the quiet window passed means last_unstable < m.step
+            return self._unsound_end(m.step, owed, skips, last_unstable, total, configured)
+        return self._grant(m.step, owed, skips, cap, total, configured)
 
     def _grant(
         self, step: int, owed: list[int], skips: dict[str, list[int]], cap: int, total: int, configured: int
@@ -111,9 +118,29 @@ class MakeUp:
             "new_total": total + extend,
             **skips,  # withheld by a person's or a hook's skip_step: not made up
         }
-        where = f"step {owed[0]}" if len(owed) == 1 else f"steps {owed[0]}-{owed[-1]}"
-        summary = f"{len(owed)} update{'s' if len(owed) > 1 else ''} withheld ({where})"
-        summary += self._capped(len(owed), paid + extend)
+        summary = _withheld(owed) + self._capped(len(owed), paid + extend)
+        return Finding(rule=self.rule, family=self.family, step=step, evidence=evidence, summary=summary, strength=1.0)
+
+    def _unsound_end(
+        self, step: int, owed: list[int], skips: dict[str, list[int]], unstable: int, total: int, configured: int
+    ) -> Finding:
+        """Pretraining's last step is itself unstable: the `owed` updates are not made up here (steps
+        added after broken weights skip the `end` rule's check of them, and train on from them), but said
+        in a note, and kept owed as the cap's refusals are: made up if a resume lengthens the run."""
+        self.refused, self.refused_len = sorted(self.refused + owed), configured
+        evidence = {
+            "withheld": len(owed),
+            "withheld_steps": owed[:SHOWN],
+            "credit": 0,
+            "made_up_before": len(self.made),
+            "cap": int(self.cfg.max_fraction * configured),
+            "extend": 0,
+            "total_steps": total,
+            "new_total": total,
+            "unstable_end": unstable,
+            **skips,
+        }
+        summary = _withheld(owed) + ", not made up: the last step is unstable"
         return Finding(rule=self.rule, family=self.family, step=step, evidence=evidence, summary=summary, strength=1.0)
 
     def _capped(self, withheld: int, made: int) -> str:
@@ -178,6 +205,12 @@ class MakeUp:
         self.hooks = list(state.get("hooks", []))
 
 
+def _withheld(owed: list[int]) -> str:
+    """The console line's start: "3 updates withheld (steps 58-60)"."""
+    where = f"step {owed[0]}" if len(owed) == 1 else f"steps {owed[0]}-{owed[-1]}"
+    return f"{len(owed)} update{'s' if len(owed) > 1 else ''} withheld ({where})"
+
+
 def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
     e = f.evidence
     if e["extend"] < 0:  # _give_back
@@ -187,6 +220,15 @@ def remedy(f: Finding, view: Any, cfg: OrchestratorConfig) -> Remedy:
             reasoning=f"a rollback replayed {e['credit']} withheld step(s) that steps had been added for, and the "
             f"replay did not withhold them again: {-e['extend']} step(s) come off pretraining, which would otherwise "
             "make more updates than its length promised (orchestrator.make_up)",
+        )
+    if "unstable_end" in e:  # MakeUp._unsound_end
+        return Remedy(
+            action="none",
+            reasoning=f"the orchestrator withheld the update(s) of step(s) {', '.join(map(str, e['withheld_steps']))} "
+            f"in pretraining's last steps, which leave no quiet steps to wait for, and its last step (step "
+            f"{e['unstable_end']}) is itself unstable: steps added now would train on from weights the end check "
+            "has yet to judge, so they are not made up; they stay owed, made up if a resume lengthens the run "
+            "(orchestrator.make_up)",
         )
     if e["extend"] <= 0:
         return Remedy(
