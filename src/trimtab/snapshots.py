@@ -25,6 +25,7 @@ from safetensors.torch import save_file
 
 from trimtab.checkpoint import clear_stale, dedup, dir_step, install, put_back_replaced, step_dirs, verify
 from trimtab.errors import CheckpointError
+from trimtab.rundir import read_decisions
 from trimtab.write_errors import writing
 
 PRECISIONS = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -57,25 +58,42 @@ def save_last_weights(
     return _save_weights(run_dir, step, weights, state, keep, keep_every)
 
 
-def drop_superseded(run_dir: Path, last_good: int) -> list[Path]:
+def drop_superseded(run_dir: Path, last_good: int, lean_every: int = 0) -> list[Path]:
     """A stop's snapshots (save_last_weights) that good checkpoint `last_good` supersedes, deleted for the disk
     rule to free space: at or before its step, a later session's checkpoint holds those weights (or newer ones)
     with the optimizer state. A resume on a still-full disk kept the given-up session's bf16 copy to the end
     (debug: snapshots/step_000015 beside checkpoints 55 and 60, the tmpfs 99% full). Never a snapshot past it
-    (the only copy of the steps trained since), nor the lean retention's (checkpoint.snapshot_every: kept for
-    evaluation). Returns the deleted."""
-    gone = []
+    (the only copy of the steps trained since), nor the lean retention's (checkpoint.snapshot_every, `lean_every`:
+    kept for evaluation). Returns the deleted."""
+    gone, stops = [], None
     for path in list_snapshots(run_dir):
         if dir_step(path) > last_good:
             break
         try:
-            marked = json.loads((path / "state.json").read_text()).get(LAST_WEIGHTS, False)
+            state = json.loads((path / "state.json").read_text())
         except (OSError, ValueError):  # unreadable: not known to be a stop's, so kept
             continue
-        if marked:
-            shutil.rmtree(path, ignore_errors=True)
-            gone.append(path)
+        if not state.get(LAST_WEIGHTS, False):
+            stops = _stopped_at(run_dir) if stops is None else stops
+            if not _older_stop(dir_step(path), stops, lean_every):
+                continue
+        shutil.rmtree(path, ignore_errors=True)
+        gone.append(path)
     return gone
+
+
+def _older_stop(step: int, stops: set[int], lean_every: int) -> bool:
+    """Whether an unmarked snapshot is a stop's written before the mark (LAST_WEIGHTS): the same files, so known
+    by the journal only, the disk rule's stop at its very step (abandoned by the resume or not), and off the
+    lean cadence (where the stop's own write failed, a lean snapshot of its step held its weights: kept). Before,
+    such a snapshot was never freed (an older version's step_000015, 1.1 MiB of a 16 MiB tmpfs to the end)."""
+    return step in stops and not (lean_every and step % lean_every == 0)
+
+
+def _stopped_at(run_dir: Path) -> set[int]:
+    """The steps the run's journal has the disk rule's stop at."""
+    found = read_decisions(run_dir, abandoned=True)
+    return {d["step"] for d in found if d.get("rule") == "disk" and d.get("action") == "stop"}
 
 
 def make_room(run_dir: Path, step: int, keep_every: int) -> list[Path]:

@@ -185,6 +185,7 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
             held = self.decide(run, f).outcome or {}
             if f.rule == "straggler" and "dropped_by" in held and self.stragglers is not None:
                 self.stragglers.unname(f.evidence["ranks"])  # named again at its next slow window (the replay's)
+        self.make_room(run)  # a disk incident's save due now, made room for before it fails (saves.py)
 
     def on_eval(self, run: RunView, metrics: dict[str, Any]) -> None:
         """Rules that judge evaluations: early stopping on the validation loss, reward hacking on
@@ -438,6 +439,7 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
             "incident": list(self.incident),
             "lost_commands": self.lost_commands,
             "configured_mode": self.cfg.mode,  # a saved mode other than it is a person's (trimtab ctl mode)
+            **self.incident_state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -456,6 +458,7 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
         self.transient_faults = dict(state.get("transient_faults", {}))
         self.incident = list(state.get("incident", self.incident))  # older: numbered from this session on
         self.lost_commands = list(state.get("lost_commands", []))
+        self.load_incident(state)
         self._take_mode(state)
 
     def _load_monitors(self, state: dict[str, Any], rollback: bool = False) -> None:

@@ -5,11 +5,15 @@ state is taken), a failed save's decision (rule disk), and which checkpoints are
 from __future__ import annotations
 
 import errno
+import math
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trimtab.checkpoint import checkpoint_root, list_checkpoints
+from trimtab.distributed import all_max
 from trimtab.orchestrator.monitors import Finding
 from trimtab.orchestrator.outcomes import SETTLED
 from trimtab.orchestrator.policy import Policy
@@ -18,6 +22,8 @@ if TYPE_CHECKING:
     from trimtab.training.view import RunView
 
 FRESH_EVERY = 10  # steps between held-out probes before a phase's first good checkpoint (_fresh_reference)
+# room to spare beyond a checkpoint's bytes (room_keep): the metrics, the journal and the logs written meanwhile
+ROOM_MARGIN = 1 << 20
 
 
 class SaveGuard:
@@ -36,6 +42,8 @@ class SaveGuard:
     decide: Callable[..., Any]  # a finding, decided and journaled (deciding.py)
     journal: Any  # the decisions journal (journal.py)
     _seen_again: Callable[..., Any]  # a finding counted on the decision it came back to (deciding.py)
+    rolling_back: int | None  # a rollback requested, until applied (deciding.py)
+    emergency: Any  # an instability rollback or stop requested, until applied (deciding.py)
     # the session's disk decision whose freeing worked: the same lack of space again is the same incident
     _disk_incident: Any = None
 
@@ -72,17 +80,50 @@ class SaveGuard:
             self._disk_incident = None
             return False
 
+        self._seen_again(first, f)
+        run.control.request(first.action, on_done=self._incident_done(first, f.step), **first.params)
+        return True
+
+    def _incident_done(self, first: Any, step: int) -> Callable[[str], None]:
+        """What the incident's freeing and save at `step` did, on its decision: a failure ends the incident."""
+
         def done(line: str) -> None:
             failed = line.startswith("failed: ")
             if failed or "snapshot" in line:  # a retry that failed, or a stop's snapshot freed: said on it
-                first.applied.append(f"step {f.step}: {line}")
-            if failed:  # this time freeing did not make room: the incident is over
+                first.applied.append(f"step {step}: {line}")
+            if failed and self._disk_incident is first:  # this time freeing did not make room: the incident is over
                 self._disk_incident = None
             self.journal.write()
 
-        self._seen_again(first, f)
-        run.control.request(first.action, on_done=done, **first.params)
-        return True
+        return done
+
+    def make_room(self, run: RunView) -> None:
+        """While a disk incident lasts, a save due at this step that would not fit in the space left is made
+        room for first (its decision's remedy, keeping as many of the newest checkpoints as leave room:
+        room_keep), counted on the decision (made_room), instead of failing a write. The remedy's keep held for
+        its retry only: on a 16 MiB tmpfs holding two debug checkpoints (checkpoint.keep 3, every 5, kill -9 at
+        step 40 and resumed to 120) every save failed once before its retry was written, 22 in all; now the first
+        alone. Once space is freed (a person's cleanup) the saves keep checkpoint.keep again. Every rank asks
+        (all_max agrees)."""
+        first, every = self._disk_incident, run.checkpoint_every
+        if first is None or first.mode != "auto" or self.mode != "auto" or not every or run.step % every:
+            return
+        if self.rolling_back is not None or self.emergency is not None:
+            return  # the step saved is the one the rollback restores
+        keep = _agreed(room_keep(run.run_dir, first.params.get("keep", 1)))
+        if keep is None:
+            return
+        first.evidence["made_room"] = first.evidence.get("made_room", 0) + 1
+        run.control.request(first.action, on_done=self._incident_done(first, run.step), keep=keep)
+
+    def incident_state(self) -> dict[str, Any]:
+        """The disk incident under way, by its decision's id, in the checkpoint: a resumed session on the same
+        full disk carries on with it (before: its first failed save journaled a new decision)."""
+        return {"disk_incident": None if self._disk_incident is None else self._disk_incident.id}
+
+    def load_incident(self, state: dict[str, Any]) -> None:
+        wanted = state.get("disk_incident")  # older checkpoints: none
+        self._disk_incident = next((d for d in self.journal.decisions if d.id == wanted), None)
 
     def _save_finding(self, run: RunView, exc: OSError) -> Finding:
         """The disk rule's finding for failed save `exc`."""
@@ -173,3 +214,22 @@ class SaveGuard:
         if "dpo_held_out" not in self.paused and dpo is not None and dpo.best:
             kept = (*kept, int(dpo.best[2]))
         return kept
+
+
+def room_keep(run_dir: Path, floor: int) -> int | None:
+    """How many of the newest checkpoints may stay for one more of the newest's bytes to fit in the space left,
+    with ROOM_MARGIN (at least `floor`, the disk rule's keep); None: it fits beside them all."""
+    found = list_checkpoints(run_dir)
+    if not found:
+        return None
+    size = sum(p.stat().st_size for p in found[-1].rglob("*") if p.is_file())
+    short = size + ROOM_MARGIN - shutil.disk_usage(checkpoint_root(run_dir)).free
+    if short <= 0:
+        return None
+    return max(floor, len(found) - math.ceil(short / max(size, 1)))
+
+
+def _agreed(keep: int | None) -> int | None:
+    """The fewest checkpoints any rank's room_keep leaves (None: the save fits on every rank)."""
+    (lowest,) = all_max([-math.inf if keep is None else -float(keep)])
+    return None if lowest == -math.inf else int(-lowest)

@@ -248,9 +248,9 @@ _TABLE = (
         verb="checkpoint",
         says=lambda v: (
             "save a checkpoint"
-            + ("" if v["keep"] is None else f" (first delete all but the newest {v['keep']} and the last good one)")
+            + ("" if v["keep"] is None else f" (first delete all but the newest {v['keep']}, the last good, the best)")
         ),
-        help="save a checkpoint now; with KEEP, first delete older ones (never the last good one) to free space",
+        help="save a checkpoint now; with KEEP, first delete older ones (not the last good, the best) to free space",
         params=(ActionParam(name="keep", kind="int", bounds="[1, inf)", default=None),),
     ),
     Action(

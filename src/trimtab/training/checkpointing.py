@@ -137,13 +137,17 @@ class Checkpointing(Loading):
 
     def _protected(self) -> tuple[int, ...]:
         """The steps whose checkpoints pruning keeps besides the newest checkpoint.keep."""
+        return (*self.essential_checkpoints(), *self._hooks_kept(), *self._cadence_kept())
+
+    def essential_checkpoints(self) -> tuple[int, ...]:
+        """The checkpoints kept even when a full disk's remedy frees room (Control._save_checkpoint): the last
+        good, the best evaluation's and the reference policy's. The remedy kept the last good alone, and on a
+        disk incident that makes room before each save (orchestrator/saves.py) the best would go first."""
         return (
             self.last_good,
             self.best_checkpoint,
             # step 0 is the KL term's and DPO's reference policy (rl/reference.py)
             0 if self.cfg.rl.kl_coef or (self.cfg.dpo.enabled and self.cfg.dpo.uses_reference) else -1,
-            *self._hooks_kept(),
-            *self._cadence_kept(),
         )
 
     def _hooks_kept(self) -> tuple[int, ...]:

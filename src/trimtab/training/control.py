@@ -241,14 +241,16 @@ class Control(RLKnobs):
 
     def _save_checkpoint(self, keep: int | None = None) -> str:
         """Save now; with `keep`, first free space: all but the newest `keep` checkpoints and the
-        last good one are deleted. The line says what happened, a failed save included."""
+        essential ones (the last good, the best evaluation's, a reference policy's) are deleted. The line says
+        what happened, a failed save included."""
         t = self._trainer
         freed = ""
         t.finish_save()  # a checkpoint still being written is neither pruned nor written twice
         if keep is not None:
-            gone = t.dist.from_main(prune, t.cfg.run_dir, keep, (t.last_good,))
+            gone = t.dist.from_main(prune, t.cfg.run_dir, keep, t.essential_checkpoints())
             freed = f"deleted {counted(len(gone), 'older checkpoint')}; " if gone else ""
-            if stale := t.dist.from_main(drop_superseded, t.cfg.run_dir, t.last_good):  # a stop's, now in a checkpoint
+            lean = t.cfg.checkpoint.snapshot_every
+            if stale := t.dist.from_main(drop_superseded, t.cfg.run_dir, t.last_good, lean):  # a stop's, now superseded
                 freed += f"deleted the superseded snapshot {', '.join(p.name for p in stale)}; "
         if not t.save(wait=True):
             raise TrimtabError(f"{freed}the checkpoint at step {t.state.step} could not be written")
