@@ -105,8 +105,11 @@ class SaveGuard:
         step 40 and resumed to 120) every save failed once before its retry was written, 22 in all; now the first
         alone. Once space is freed (a person's cleanup) the saves keep checkpoint.keep again. Every rank asks
         (all_max agrees)."""
-        first, every = self._disk_incident, run.checkpoint_every
-        if first is None or first.mode != "auto" or self.mode != "auto" or not every or run.step % every:
+        first = self._disk_incident
+        if first is None or first.mode != "auto" or self.mode != "auto":
+            return
+        every = run.checkpoint_every
+        if not every or run.step % every:
             return
         if self.rolling_back is not None or self.emergency is not None:
             return  # the step saved is the one the rollback restores
