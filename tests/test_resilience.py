@@ -259,9 +259,11 @@ def test_a_process_frozen_from_outside_is_found_and_the_cli_run_ends_as_undistur
     test_ft starts its groups: the ranks forked from the agent, which imported torch once, not two
     fresh interpreters a session); once step 6 is logged the test freezes rank 1 (SIGSTOP: its
     watchdog thread stops with it). Rank 0 waits for it in a collective until its watchdog ends it
-    (min_timeout_s 4), raises the alarm and, rank 1 writing no stack, kills it (same host); torchrun
-    restarts both, the run resumes from step 5 and ends with the undisturbed run's losses. The
-    journal blames rank 1: it did not answer."""
+    (min_timeout_s 4), raises the alarm and, rank 1 writing no stack, kills it (same host): rank 0's
+    collective fails and it saves the last completed step alone (before: no save, the run resumed
+    from step 5 and trained 1-3 steps again); torchrun restarts both, the run resumes from that
+    save and ends with the undisturbed run's losses. The journal blames rank 1: it did not answer;
+    the wait is goodput's `hang` (before: `other`)."""
     sets = {
         "train.max_steps": 10,
         "train.eval_every": 0,
@@ -295,7 +297,10 @@ def test_a_process_frozen_from_outside_is_found_and_the_cli_run_ends_as_undistur
     assert_close([m["loss"] for m in logged], losses(ddp[1][0]), rel=1e-5)
     evidence = restart_decision(out)["evidence"]
     assert evidence["kind"] == "hang" and evidence["ranks_to_blame"] == [1] and evidence["silent"] == [1]
-    assert evidence["resumed_step"] == 5 and evidence["down_s"] >= 0
+    assert evidence["resumed_step"] >= 6 and evidence["steps_lost"] == 0 and evidence["down_s"] >= 0
+    assert evidence["hang_s"] > 0 and "s waiting on the hang" in restart_decision(out)["summary"]
+    assert f"rank 0 saved step {evidence['resumed_step']} alone" in stderr, stderr[-3000:]
+    assert abs(read_goodput(out)["seconds"]["hang"] - evidence["hang_s"]) < 0.01
     assert (out / evidence["stacks"] / "rank0.txt").is_file() and not (out / evidence["stacks"] / "rank1.txt").exists()
     assert json.loads((out / "summary.json").read_text())["goodput"]["incidents"] == 1
 

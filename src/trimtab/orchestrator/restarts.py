@@ -97,6 +97,8 @@ class Resilience(Hook):
                 incident.update(
                     localize(self.run_dir, previous["started"], f"session{incident['session']}", previous["world"])
                 )
+                if incident["kind"] == "hang":  # its wait on the stalled rank: goodput's `hang`, not `other`
+                    self.ledger.hung(incident)
                 incident["nodes_after"] = node_count()
                 self.ledger.write(force=True)
             elif previous is not None and previous["world"] != run.world:  # a clean stop, then another world
@@ -207,6 +209,8 @@ def restart_finding(incident: dict[str, Any], step: int) -> Finding:
     at, lost = reach_words(incident)
     # after a clean end the gap is idle time, not time lost (resized)
     gap = f"{incident['idle_s']:.1f} s idle" if "idle_s" in incident else f"{incident['down_s']:.1f} s down"
+    if "hang_s" in incident:  # the lost session's wait on the stalled rank (goodput's `hang`)
+        gap += f", {incident['hang_s']:.1f} s waiting on the hang"
     data = f" (data at {incident['data_at']})" if incident.get("data_at") else ""
     return Finding(
         rule="restart",

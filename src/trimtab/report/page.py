@@ -159,7 +159,7 @@ def _summary_table(runs: list[RunRecord]) -> str:
     )
 
 
-GOODPUT = ["productive", "redone", "checkpoint", "evaluation", "start_up", "other", "down"]
+GOODPUT = ["productive", "redone", "checkpoint", "evaluation", "hang", "start_up", "other", "down"]
 
 
 def _goodput_table(runs: list[RunRecord]) -> str:

@@ -10,8 +10,9 @@ synced at each session's start and end):
 
 Each second of a session is one of BUCKETS: `productive` (steps at a position the run had not
 reached before), `redone` (steps trained again after a restart or a rollback threw them away),
-`checkpoint` (saves), `evaluation`, `start_up` (process start to the first step: imports, data,
-resume), `other` (logging, the orchestrator's reads, the report). A session that never said it
+`checkpoint` (saves), `evaluation`, `hang` (a lost session's wait on a hung or frozen rank, from
+the stall's start to its end: Ledger.hung), `start_up` (process start to the first step: imports,
+data, resume), `other` (logging, the orchestrator's reads, the report). A session that never said it
 ended (killed, crashed, its node lost) was lost: the time from its last sign of life to the next
 session's start is `down` (the restart). ETTR, the effective training time ratio of Llama 3's
 and ByteRobust's reports, is productive / wall, wall being every session's time plus the downs.
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -37,7 +39,7 @@ from typing import Any
 
 from trimtab.rundir import GOODPUT_FILE, STEP_FILE, read_json, write_json
 
-BUCKETS = ("productive", "redone", "checkpoint", "evaluation", "start_up", "other")
+BUCKETS = ("productive", "redone", "checkpoint", "evaluation", "hang", "start_up", "other")
 WRITE_S = 1.0  # the ledger's freshness: what a lost session's record can miss
 MARK_BYTES = 64  # the mark's fixed size: each write covers the last whole, so no truncate is needed
 log = logging.getLogger(__name__)
@@ -97,6 +99,19 @@ class Ledger:
         self.sessions.append(self.session)
         self.write(force=True)
         return incident
+
+    def hung(self, incident: dict[str, Any]) -> float:
+        """The lost session of a `hang` incident (resilience/incidents.py localize) waited from `stalled_since`
+        (the silent rank's last word, or the stalled section's start) to its last sign of life: that time moves
+        from `other`, where its restart's open() put what no bucket took, to `hang` (a frozen peer's 5.0 s wait
+        read as `other` before). Its seconds, also the incident's `hang_s`."""
+        session = self.sessions[incident["session"] - 1]
+        seconds = session["seconds"]
+        waited = min(seconds.get("other", 0.0), max(0.0, session["beat"] - incident.get("stalled_since", math.inf)))
+        seconds["other"] = seconds.get("other", 0.0) - waited
+        seconds["hang"] = seconds.get("hang", 0.0) + waited
+        incident["hang_s"] = round(waited, 3)
+        return waited
 
     def step(self, step: int, seconds: float) -> None:
         """A step done: productive the first time the run reaches its position, redone after."""

@@ -117,9 +117,14 @@ def localize(run_dir: Path, since: float, archive_as: str, world: int = 0) -> di
             timeout_s=min((h["timeout_s"] for h in hangs if h.get("raised")), default=None),
             stacks=_archive(run_dir, archive_as),
         )
+        # when the job began to wait (goodput's `hang`, Ledger.hung): the silent rank's last word, else the section
+        # that timed out began (the rank that raised the alarm)
+        raised = [h for h in hangs if h.get("raised")] or hangs
+        evidence["stalled_since"] = min(h.get("time", 0.0) - h["seconds"] for h in raised)
         if blame["silent"]:  # how old the silent rank's word is when the alarm was raised
             beat = ranks[blame["silent"][0]]
             evidence["beat_age_s"] = round(min(h.get("time", 0.0) for h in hangs) - beat.get("time", 0.0), 3)
+            evidence["stalled_since"] = beat.get("time") or evidence["stalled_since"]
         return evidence
     excluded = sorted(k for k, r in ranks.items() if str(r.get("exit") or "").startswith("excluded"))
     if excluded:

@@ -24,6 +24,8 @@ stopped first and that left no exit record is the one that was lost; a frozen ra
 deadlock holding the GIL: its watchdog thread stops with it) is named where it froze, not where its
 timer last wrote. Under torchrun the ranks' heartbeats in the store (resilience/heartbeat.py) find a
 rank lost without a word (its host's power or network) in resilience.heartbeat_s, not the section's timeout.
+A frozen rank of this host is SIGKILLed: the collective a survivor waits in fails, and the survivor saves
+the last completed step alone (training/emergency.py) before it ends, exit 5 still (_loop_saves).
 
 Torch-free (the thread must run while the main thread is stuck inside torch).
 """
@@ -60,6 +62,9 @@ FROZEN_S = 1.0  # a poll this much later than POLL_S, the loop's thread idle thr
 # that freezes (its watchdog thread frozen too) leaves the section and step it froze in, not one of
 # up to beat_s before. At most one write a second on the loop's thread, never one per section of a fast step.
 SECTION_BEAT_S = 1.0
+# how long a rank that killed frozen peers waits for its loop's collective to fail for them and its emergency save to
+# begin (Watchdog._loop_saves): 0.4 s measured under gloo; no more, else the process ends as a hang (exit 5)
+RESCUE_S = 5.0
 
 
 class Watchdog:
@@ -98,6 +103,9 @@ class Watchdog:
         # section's timeout; the heartbeat, finding the same peer silent heartbeat_s on, ended it mid-write (os._exit)
         self.loss_known = False
         self._answered = False  # this rank wrote its stack for an alarm (_answer)
+        self._killed: list[int] = []  # the frozen peers of this host it SIGKILLed (_end_mute_peers)
+        self.rescue_s = 0.0  # how long it waits for the loop's emergency save once it killed them (make_watchdog)
+        self._hung_exit = ""  # its exit record once it killed a frozen peer for its loop to save: stop() ends, HUNG
 
     # ------------------------------------------------------------------ from the loop
 
@@ -146,7 +154,14 @@ class Watchdog:
             self._thread.join()
         if self.heartbeat is not None:
             self.heartbeat.stop()
+        if self._hung_exit:  # the hang's record first: the loop's error (the lost peer's) is its consequence
+            exit_record = f"{self._hung_exit} ({exit_record or 'ended'})"
         self._write_beat(exit=exit_record or "ended")
+        if self._hung_exit:  # this rank killed a frozen peer and its loop saved for it (_end): a hang's exit
+            with contextlib.suppress(OSError, ValueError):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(HUNG)
 
     def timeout(self, section: str) -> float:
         if section in self.longest:
@@ -230,9 +245,28 @@ class Watchdog:
         folder = self._answer(raised, section, elapsed, limit)
         if raised:  # the others' stacks, before torchrun's agent tears the job down
             self._await_stacks(folder)
-            self._end_mute_peers(folder)
+            self._killed = self._end_mute_peers(folder)
         self._say(raised, section, elapsed, limit, folder, lost)
+        if self._killed and self._loop_saves():
+            # the loop's emergency save goes on, under its section's timeout (_poll's first branch); the process
+            # ends as a hang's does, exit HUNG (stop), not the lost peer's 1: the watchdog ended it
+            self._hung_exit = f"hung in {section}"
+            return
         os._exit(HUNG)
+
+    def _loop_saves(self) -> bool:
+        """Whether the loop, its collective failed for the frozen ranks this rank killed (their sockets closed:
+        0.4 s measured under gloo, whose abort() and shutdown() leave a collective under way blocked: torch
+        2.13), writes the last completed step alone (training/emergency.py sets loss_known, then beats the save's
+        section: the section that timed out is the loop's no more), or ends with the collective's error (a save
+        refused, or another survivor's). Up to rescue_s (RESCUE_S under torchrun): a loop in no collective, or
+        one that does not fail (NCCL's waits out its timeout), ends as a hang did."""
+        waiting, deadline = self.current, time.monotonic() + self.rescue_s
+        while time.monotonic() < deadline:
+            if self._stop.is_set() or (self.loss_known and self.current is not waiting):
+                return True
+            time.sleep(0.05)
+        return False
 
     def _answer(self, raised: bool, section: str, elapsed: float, limit: float, saving: str = "") -> Path:
         """Write this rank's stack and record in hangs/ (and raise the alarm, or answer it); `saving`: it answers
@@ -295,9 +329,15 @@ class Watchdog:
         self, raised: bool, section: str, elapsed: float, limit: float, folder: Path, lost: dict | None = None
     ) -> None:
         """One line on the console: torchrun shows only the exit code (5), and what happened is in
-        the hangs/ folder and the next session's journal."""
+        the hangs/ folder and the next session's journal; the frozen ranks of this host it SIGKILLed (_killed)."""
         what = self._lost_words(lost) if lost else self._hung_words(section, elapsed, limit, folder) if raised else ""
         what = what or f"ended at step {self.step} on another rank's hang alarm"
+        if self._killed:
+            killed = ", ".join(map(str, self._killed))
+            what += (
+                f"; killed rank {killed} (SIGKILL: frozen on this host): the collective waiting for it fails, and "
+                "the last completed step is saved alone where it can be (an emergency save)"
+            )
         with contextlib.suppress(OSError, ValueError):
             print(f"trimtab: rank {self.rank} {what}; the ranks' stacks are in {folder}", file=sys.stderr, flush=True)
 
@@ -365,11 +405,12 @@ class Watchdog:
                 gone.append(rank)
         return gone
 
-    def _end_mute_peers(self, folder: Path) -> None:
+    def _end_mute_peers(self, folder: Path) -> list[int]:
         """Ranks of this job on this host that wrote no stack within the grace are frozen (a
         stopped process, a deadlock that holds the GIL): SIGKILL them, as NVRx ends hung ranks, so
-        torchrun restarts now instead of after its own 30 s wait for a SIGTERM they cannot take."""
-        answered, host = {p.stem for p in folder.glob("rank*.txt")}, socket.gethostname()
+        torchrun restarts now instead of after its own 30 s wait for a SIGTERM they cannot take, and
+        this rank's collective fails for them (its emergency save). The ranks killed."""
+        answered, host, killed = {p.stem for p in folder.glob("rank*.txt")}, socket.gethostname(), []
         for path in (self.run_dir / RANKS).glob("rank*.json"):
             beat = read_json(path)  # this session's only: rankR.lost.json is a lost session's, its pid another's now
             mute = isinstance(beat, dict) and path.stem not in answered and beat.get("host") == host
@@ -378,6 +419,8 @@ class Watchdog:
             if mute and procs.alive_since(int(beat["pid"]), beat["time"]):
                 with contextlib.suppress(OSError):
                     os.kill(int(beat["pid"]), signal.SIGKILL)
+                    killed.append(int(beat["rank"]))
+        return sorted(killed)
 
     def _write_beat(self, wait: bool = True, **extra: Any) -> None:
         """This rank's beat file now (with `extra`: its exit record); wait=False: not if the other
@@ -450,6 +493,7 @@ def make_watchdog(cfg: Any, run_dir: Path, rank: int, world: int, connect: Calla
         min_timeout_s=cfg.min_timeout_s,
         beat_s=cfg.beat_s,
     )
+    dog.rescue_s = RESCUE_S if world > 1 else 0.0  # a peer to kill, and a loop that saves for it
     if world > 1 and cfg.heartbeat_s > 0 and connect is not None:
         dog.heartbeat = Heartbeat(rank, world, cfg.heartbeat_s, connect, f"trimtab/heartbeat/{session()}")
     return dog
