@@ -65,8 +65,12 @@ class RLKnobs:
                 f"RL task difficulty {before} -> {digits} digits: the raise reverted with the policy it fell from "
                 "(the restored checkpoint's problems, in its order)"
             )
-        # a ConfigError: answered as failed; the phase's rows widened by the loader's phase (RLPhase.fit)
-        done = set_difficulty(t.loader, digits, t.cfg.model.max_seq_len)
+        try:  # a ConfigError: answered as failed; the phase's rows widened by the loader's phase (RLPhase.fit)
+            done = set_difficulty(t.loader, digits, t.cfg.model.max_seq_len)
+        except ConfigError:
+            # a raise that did not fit found the task's ceiling (loader.top_difficulty): a rollback keeps it too
+            t.state.rl_top_difficulty = t.loader.top_difficulty or t.state.rl_top_difficulty
+            raise
         t.state.rl_difficulty = digits  # a journaled decision, as an LR cut: a rollback keeps it (keep_rl_difficulty)
         return done
 
@@ -74,15 +78,29 @@ class RLKnobs:
         """After a rollback (Control._rollback, once the knobs are put back): a raise decided after the restored
         checkpoint, drawn again. The loader came back at the checkpoint's difficulty, undoing the raise unsaid; rule
         rl_signal raised it again a window later (a weights_nan rollback: 4 more steps at the learned task). A fall's
-        rollback (rl_reward, a held-out fall) reverts a rule's raise with the other knobs it puts back instead."""
+        rollback (rl_reward, a held-out fall) reverts a rule's raise with the other knobs it puts back instead. The
+        ceiling a raise found since is kept as well (_keep_top)."""
         t = self._trainer
-        kept = t.state.rl_difficulty
         # a prompt file since (a resume's edit of rl.prompts) has no difficulty: nothing to keep
-        if not isinstance(t.loader, RolloutLoader) or not kept or t.loader.difficulty in (0, kept):
+        if not isinstance(t.loader, RolloutLoader) or not t.loader.difficulty:
             return []
+        said, kept = self._keep_top(), t.state.rl_difficulty
+        if not kept or t.loader.difficulty == kept:
+            return said
         # it fitted model.max_seq_len when raised; RLPhase.fit widens data.seq_len again
         done = set_difficulty(t.loader, kept, t.cfg.model.max_seq_len)
-        return [f"{done}: the raise decided after the checkpoint kept"]
+        return [f"{done}: the raise decided after the checkpoint kept", *said]
+
+    def _keep_top(self) -> list[str]:
+        """The ceiling found after the restored checkpoint (a raise that did not fit model.max_seq_len), put back on
+        the loader, which came back without it: rule rl_signal tried the raise again and it failed again (weights_nan
+        after the ceiling at 2 digits: the raise to 3 failed at steps 4 and 6, the stop at step 8, not 6)."""
+        t = self._trainer
+        top = t.state.rl_top_difficulty
+        if not top or t.loader.top_difficulty == top:
+            return []
+        t.loader.top_difficulty = top  # each batch's `top`, rl_signal's evidence (rl_remedies._harder)
+        return [f"the task's ceiling kept: {top} digits (a raise past it did not fit model.max_seq_len)"]
 
     def _set_verifier_timeout(self, value: float) -> str:
         t = self._trainer

@@ -37,6 +37,7 @@ class TrainState:
     rl_max_staleness: int | None = None  # RL's rollouts' staleness bound (None: rl.max_staleness)
     rl_generation_rows: int | None = None  # RL's rows generated at a time after an OOM (None: a whole step's)
     rl_difficulty: int | None = None  # the built-in RL task's digits a raise set (None: the loader's own)
+    rl_top_difficulty: int | None = None  # its digits a raise past which did not fit (None: no such raise tried)
     rollbacks: int = 0
     length_delta: int = 0  # steps added to (< 0: taken from) pretraining by set_total_steps
     # of length_delta, orchestrator.make_up's (steps for withheld updates): kept on top of a resume's new
@@ -95,6 +96,7 @@ KEPT_ON_ROLLBACK = (
     "rl_generation_rows",
     "rl_max_staleness",
     "rl_difficulty",
+    "rl_top_difficulty",
     "rollbacks",
     "length_delta",
     "made_up",
