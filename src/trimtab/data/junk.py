@@ -400,11 +400,31 @@ def holds_words(texts: Sequence[str], n: int) -> bool:
     return next(itertools.islice(found, n - 1, None), None) is not None
 
 
-def unjudged_line(sources: Sequence[str]) -> str:
-    """The console line for the sources whose reference holds under SMALL_WORDS words: their word order not judged."""
-    shown = ", ".join(sources[: quality.SHOWN]) + (", ..." if len(sources) > quality.SHOWN else "")
+def unjudged_line(sources: Sequence[str], samples: Sequence[tuple[int, int] | None] = ()) -> str:
+    """The console line for the sources whose reference holds under SMALL_WORDS words: word salad not judged against
+    it. `samples`: each source's sample's words and those of them in documents judged word salad whole (`alone`) and
+    so left out of its reference, where measured (prepare's). A one-file source of 802K characters, 43% salad, read
+    "their sample holds under 5,000 words" and "word salad was not judged" of a sample of 130K words that was judged
+    salad whole, while its stretches were judged and one named (docs/data.md)."""
+    said = [_sample_said(source, sample) for source, sample in itertools.zip_longest(sources, samples)]
+    shown = ", ".join(said[: quality.SHOWN]) + (", ..." if len(said) > quality.SHOWN else "")
     return (
-        f"word salad (real words in random order) was not judged in {len(sources):,} source(s) ({shown}): their sample "
-        f"holds under {SMALL_WORDS:,} words, too few to tell which words follow which (data/junk.py SMALL_WORDS); "
-        "their other junk was judged. A larger source of the same kind of text is judged"
+        f"word salad (real words in random order) was not judged against the word pairs of {len(sources):,} "
+        f"source(s) ({shown}): their reference holds under {SMALL_WORDS:,} words, too few to tell which words follow "
+        f"which (data/junk.py SMALL_WORDS). Judged all the same: their other junk, and the word order of the "
+        f"stretches of a long text file of {CORPUS_WORDS:,} words or more, each against the file's others "
+        "(data/stretches.py). A larger source of the same kind of text is judged"
+    )
+
+
+def _sample_said(source: str, sample: tuple[int, int] | None) -> str:
+    """A source of `unjudged_line`, with its sample's words and those left out of its reference, when known."""
+    if sample is None:
+        return source
+    words, left_out = sample
+    if not left_out:
+        return f"{source}: a sample of {words:,} words"
+    return (
+        f"{source}: a sample of {words:,} words, {left_out:,} of them in documents judged word salad whole and so "
+        "left out of its reference"
     )

@@ -270,7 +270,7 @@ def build_splits(
     before the hold-out)."""
     tokenized = tokenize_documents(docs, tok, cfg, cache_dir)
     if screen and cfg.garbage_filter != "off":
-        tokenized = _screen(tokenized, docs, cfg, key, cache_dir)
+        tokenized = _screen(tokenized, docs, cfg, key, cache_dir, tok)
         if docs and all_junk(tokenized):
             raise JunkSource(key, where or key, len(docs))
     if eval_docs is not None:
@@ -322,11 +322,11 @@ def every_flagged(garbage: np.ndarray | None) -> bool:
 
 
 def _screen(
-    tokenized: TokenizedDocs, docs: list[Document], cfg: DataConfig, key: str, cache_dir: Path | None = None
+    tokenized: TokenizedDocs, docs: list[Document], cfg: DataConfig, key: str, cache: Path | None, tok: TextTokenizer
 ) -> TokenizedDocs:
-    """The documents without those data/quality.py flags as garbage when cfg.garbage_filter is
-    drop; all of them (named on the console, the flagged ones marked for the orchestrator) when
-    it is warn."""
+    """The documents without those data/quality.py flags as garbage, and without their junk stretches
+    (data/stretches.py), when cfg.garbage_filter is drop; all of them (named on the console, the flagged ones marked
+    for the orchestrator) when it is warn."""
     n_bytes = np.array([sum(len(text.encode()) for text, _ in doc.segments) for doc in docs])
     found = quality.screen(n_bytes, np.diff(tokenized.offsets), cfg.garbage_sigma)
     flagged, spared = quality.spare_scripts(found.flagged, lambda i: docs[i].text)
@@ -336,19 +336,28 @@ def _screen(
         found = replace(found, flagged=flagged)
     # junk that packs like text, and random characters by each document alone: the packing cannot see them
     texts = [doc.text for doc in docs]
-    verdicts, repeated = junk.spare_repeats(texts, junk_cache.kinds(texts, cache_dir))
+    verdicts, repeated = junk.spare_repeats(texts, junk_cache.kinds(texts, cache))
     if repeated:  # a source repeated on purpose: left out, it would leave no training row
         logger.warning("%s", junk.repeats_line(repeated, len(docs), key or "the training data"))
     if not junk.holds_words(texts, junk.SMALL_WORDS):  # its own reference: too small to judge word order by
         logger.warning("%s", junk.unjudged_line([key or "the training data"]))
     junky = np.array([verdict is not None for verdict in verdicts], dtype=bool)
     names = [doc.source or f"document {i}" for i, doc in enumerate(docs)]
-    if inside := stretches.inside(texts, names, junky | found.flagged):
-        logger.warning("%s", stretches.line(inside, False, training=True))
+    drop = cfg.garbage_filter == "drop"
+    # a long document judged junk whole whose junk stretches hold under half of it is mostly text, as prepare judges
+    # a long file: one of 630K characters of docstrings, 43% salad in the middle, was judged salad whole (1.28 bits)
+    # and the run refused (its only document), its 57% of prose with it
+    one = np.array([len(doc.segments) == 1 for doc in docs], dtype=bool)
+    long = stretches.found_in(texts, found.flagged | ~one)
+    for i in stretches.mostly_text(texts, long) & set(np.flatnonzero(junky).tolist()):
+        junky[i], verdicts[i] = False, None
+    if inside := [s for s in long if not junky[s.file]]:
+        logger.warning("%s", stretches.line([(names[s.file], s.start, s.end, s.why) for s in inside], drop, True))
+        if drop:
+            tokenized = _cut(tokenized, docs, inside, tok)
     extra = junky & ~found.flagged
     if not found.count and not extra.any():
         return tokenized
-    drop = cfg.garbage_filter == "drop"
     if found.count:
         logger.warning("%s", quality.report(found, names, n_bytes, key, drop))
     if extra.any():
@@ -361,6 +370,25 @@ def _screen(
     garbage = np.where(flagged, found.packing / median, np.nan)
     why = np.array([str(v) if v is not None and extra[i] else "" for i, v in enumerate(verdicts)], dtype=object)
     return replace(tokenized, garbage=garbage, scale=quality.Scale(key, median, found.threshold), why=why)
+
+
+def _cut(
+    tokenized: TokenizedDocs, docs: list[Document], found: list[stretches.Stretch], tok: TextTokenizer
+) -> TokenizedDocs:
+    """`tokenized` with the documents holding junk stretches (`found`) tokenized again without them
+    (data.garbage_filter=drop): the rest of each trained on, as prepare's drop keeps it."""
+    by_doc: dict[int, list[stretches.Stretch]] = {}
+    for s in found:
+        by_doc.setdefault(s.file, []).append(s)
+    cut = [
+        replace(docs[i], segments=[(stretches.left_out(docs[i].text, f), docs[i].segments[0][1])])
+        for i, f in by_doc.items()
+    ]
+    again, which = _tokenize(cut, tok), {i: j for j, i in enumerate(by_doc)}
+    spans = [(again, which[i]) if i in which else (tokenized, i) for i in range(len(tokenized))]
+    tokens = [src.tokens[src.offsets[j] : src.offsets[j + 1]] for src, j in spans]
+    mask = np.concatenate([src.mask[src.offsets[j] : src.offsets[j + 1]] for src, j in spans])
+    return replace(tokenized, tokens=np.concatenate(tokens), mask=mask, offsets=_offsets([len(t) for t in tokens]))
 
 
 def _hold_out(docs: TokenizedDocs, fraction: float, seed: int) -> tuple[TokenizedDocs, TokenizedDocs]:

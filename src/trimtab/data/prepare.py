@@ -158,15 +158,16 @@ def _prepare(
     files = _new_files(manifest, sources, out)
     shared = _measure_scale(manifest, out, [str(path) for _, path, _ in files], tok, options, hint)
     small: list[str] = []  # sources too small for word salad to be judged (junk.SMALL_WORDS): said at the end
+    samples: list[tuple[int, int] | None] = []  # their samples' words, and those left out of the reference as salad
     if options.garbage_filter != "off":  # one reference per source (data/references.py)
-        small = references.measure(
+        small, samples = references.measure(
             manifest, out, files, lambda paths: [d.text for d in _sample(paths, options, hint)], shared
         )
     workers = workers or os.cpu_count() or 1
     tally = _run_all(_jobs(manifest, files, workers, options.format), out, manifest, options, workers, hint)
     _say_tally(manifest, tally, options)
     if small:
-        log.warning("%s", junk.unjudged_line(small))
+        log.warning("%s", junk.unjudged_line(small, samples))
     if shared and manifest.get("boilerplate", {}).get("lines"):  # measured on this run's sample
         log.info("%s", boilerplate.said(manifest["boilerplate"]))
     return manifest

@@ -40,20 +40,21 @@ def measure(
     files: list[tuple[int, Path, bool]],
     sample: Callable[[list[str]], list[str]],
     shared: bool,
-) -> list[str]:
+) -> tuple[list[str], list[tuple[int, int] | None]]:
     """The reference of each source of `files` (manifest numbers) not yet measured, on `sample` of its
     files' texts; BIGRAMS when that is its sample (`shared`: BIGRAMS was just measured on all of `files`).
     A source under junk.CORPUS_WORDS words keeps its own all the same: its spellings are judged, its word
     order by the stricter small-source rule down to junk.SMALL_WORDS and not under it, as a small data.mix
-    entry's are in training; those under it are returned, for prepare's report to say so
-    (junk.unjudged_line). Each source's share of repeated text is measured on its own sample too
-    (entry["repeated"], junk.spare_repeats)."""
+    entry's are in training; those under it are returned, for prepare's report to say so (junk.unjudged_line),
+    with their sample's words and those of them left out of the reference as word salad (None: measured before).
+    Each source's share of repeated text is measured on its own sample too (entry["repeated"], junk.spare_repeats)."""
     by_source: dict[int, list[str]] = {}
     for n, path, _ in files:
         by_source.setdefault(manifest["files"][n]["source"], []).append(str(path))
-    small = []
+    small, samples = [], []
     for k, paths in by_source.items():
-        entry = manifest["sources"][k]
+        entry, texts = manifest["sources"][k], None
+        fresh = "bigrams" not in entry  # measured now, on this sample
         if "bigrams" in entry or (shared and len(paths) == len(files)):  # measured before, or BIGRAMS is its own
             entry.setdefault("bigrams", BIGRAMS)
             if shared and len(paths) == len(files):  # the shared sample is its own
@@ -70,9 +71,11 @@ def measure(
             if entry["bigrams"] != BIGRAMS:
                 save_bigrams(out, bigrams, entry["bigrams"])
             words = bigrams.total
-        if words < junk.SMALL_WORDS:
+        if words < junk.SMALL_WORDS:  # its sample's, or its large documents judged word salad whole (junk.reference)
             small.append(entry["source"])
-    return small
+            total = sum(len(junk.words(text)) for text in (sample(paths) if texts is None else texts)) if fresh else 0
+            samples.append((total, total - words) if fresh else None)
+    return small, samples
 
 
 def _words(path: Path) -> int:

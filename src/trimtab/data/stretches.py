@@ -54,6 +54,11 @@ def inside(texts: Sequence[str], names: Sequence[str], flagged: Sequence[bool]) 
     characters, each document's stretches judged against each other (as prepare judges a long file's): training's
     in-memory screen judged a long document whole only, so 400K characters of salad in a 3 MB file (13%) went
     unsaid and were trained on."""
+    return [(names[s.file], s.start, s.end, s.why) for s in found_in(texts, flagged)]
+
+
+def found_in(texts: Sequence[str], flagged: Sequence[bool]) -> list[Stretch]:
+    """The junk stretches of `inside`, each document's merged."""
     found: list[Stretch] = []
     for i, text in enumerate(texts):
         if flagged[i] or len(text) <= 2 * JUDGE_CHARS:
@@ -63,7 +68,25 @@ def inside(texts: Sequence[str], names: Sequence[str], flagged: Sequence[bool]) 
             if why is not None:
                 found.append(Stretch(i, start, start + len(part), str(why)))
             start += len(part)
-    return [(names[s.file], s.start, s.end, s.why) for s in merged(found)]
+    return merged(found)
+
+
+def mostly_text(texts: Sequence[str], found: Sequence[Stretch]) -> set[int]:
+    """The documents whose junk stretches (`found`) hold under half their characters: mostly text, as prepare's rule
+    flags a long file whole only when its junk holds half its characters (shards._Encoder._in_pieces)."""
+    junk_chars: dict[int, int] = {}
+    for s in found:
+        junk_chars[s.file] = junk_chars.get(s.file, 0) + s.end - s.start
+    return {i for i, chars in junk_chars.items() if 2 * chars < len(texts[i])}
+
+
+def left_out(text: str, found: Sequence[Stretch]) -> str:
+    """`text` less its junk stretches (`found`, in order): the rest of the document, as prepare's drop keeps it."""
+    kept, at = [], 0
+    for s in found:
+        kept.append(text[at : s.start])
+        at = s.end
+    return "".join([*kept, text[at:]])
 
 
 def line(found: Sequence[tuple[str, int, int, str]], dropped: bool, training: bool = False) -> str:
@@ -76,8 +99,12 @@ def line(found: Sequence[tuple[str, int, int, str]], dropped: bool, training: bo
         if dropped
         else ("kept, and trained on; --garbage-filter drop leaves them out and keeps the rest of each file")
     )
-    if training:  # the in-memory screen leaves out whole documents only
-        done = "kept, and trained on; `trimtab data prepare --garbage-filter drop` leaves them out, the rest kept"
+    if training:  # training's in-memory screen: its documents, its config key
+        done = (
+            "left out (data.garbage_filter=drop), the rest of each document trained on"
+            if dropped
+            else "kept, and trained on; data.garbage_filter=drop leaves them out, the rest of each document trained on"
+        )
     return (
         f"{len(found):,} stretches of junk ({chars:,} characters) inside long text files that are mostly text "
         f"(data/stretches.py): {shown}{more}; {done}"
