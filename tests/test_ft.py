@@ -172,7 +172,8 @@ def test_replica_groups_of_two_ranks_train_as_one_process_and_heal_shard_by_shar
     alone = trimtab_cli(command(tmp_path / "one", 0, "", *short, "--set", "resilience.ft.enabled=false"), tmp_path)
     assert alone.returncode == 0, alone.stderr[-3000:]
     losses = {g: [m["loss"] for m in read_metrics(tmp_path / g) if "loss" in m] for g in ("group0", "one")}
-    assert len(losses["group0"]) == 16 and "resuming from" not in err
+    # step 12's update, withheld by the quorum, made up at the last step (orchestrator.make_up): 17 steps
+    assert len(losses["group0"]) == 17 and "resuming from" not in err
     assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(losses["group0"][:11], losses["one"][:11], strict=True))
     assert [r["step"] for r in quorums(g0) if r.get("withheld")] == [12]
     assert "resuming from" in again.stderr and quorums(g1)[-1]["healed"] and quorums(g1)[-1]["step"] >= 11
