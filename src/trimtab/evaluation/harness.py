@@ -29,7 +29,7 @@ from unittest import mock
 
 from trimtab.api import load_run_at
 from trimtab.checkpoint import local_run
-from trimtab.errors import ConfigError
+from trimtab.errors import ConfigError, DataError
 from trimtab.evaluation.held_out import is_prepared, prepared_figures, run_held_out
 from trimtab.evaluation.perplexity import read_texts, score_text
 from trimtab.extras import installed, missing, require
@@ -208,7 +208,7 @@ def run_tasks(model, tok, tasks, manager, limit, num_fewshot, batch_size) -> dic
 
     from trimtab.evaluation.adapter import TrimtabLM
 
-    with _quiet_lm_eval():
+    with _quiet_lm_eval(), _dataset_unreachable(tasks):
         out = lm_eval.simple_evaluate(
             model=TrimtabLM(model, tok, batch_size),
             tasks=list(tasks),
@@ -219,6 +219,21 @@ def run_tasks(model, tok, tasks, manager, limit, num_fewshot, batch_size) -> dic
             bootstrap_iters=0,
         )
     return {task: _clean(metrics) for task, metrics in out["results"].items()}
+
+
+@contextmanager
+def _dataset_unreachable(tasks: Sequence[str]) -> Iterator[None]:
+    """A task whose dataset is on the Hugging Face Hub, run without a network (or with HF_HUB_OFFLINE=1)
+    and not in the datasets cache: refused in one line naming the way out. It was a 72-line traceback
+    ending in datasets' "ConnectionError: Couldn't reach 'Rowan/hellaswag' on the Hub", exit 1."""
+    try:
+        yield
+    except ConnectionError as exc:  # datasets' own, huggingface_hub's OfflineModeIsEnabled
+        raise DataError(
+            f"--tasks {','.join(tasks)}: a task's dataset could not be fetched ({exc}); run where the Hugging Face "
+            "Hub is reachable or the dataset is already in the datasets cache, or use a task with local data: "
+            f"trimtab's own ({', '.join(own_tasks())}) or your own YAML with --include-path"
+        ) from None
 
 
 LM_EVAL_LOGGERS = ("lm_eval", "lm-eval")  # its modules log under both names

@@ -314,13 +314,22 @@ def _same_structure(models: dict[str, Transformer]) -> None:
     for path, b in rest:
         sb = b.state_dict()
         for name in sorted(set(sa) | set(sb)):
+            not_one = f"{first} and {path} are not one architecture: tensor '{name}'"
             if name not in sa or name not in sb:
-                where = first if name not in sa else path
-                raise ConfigError(f"tensor '{name}' is missing from {where}: the models are not one architecture")
+                has, lacks = (path, first) if name not in sa else (first, path)
+                raise ConfigError(f"{not_one} is in {has}, not in {lacks}; {SAME_BASE}")
             if sa[name].shape != sb[name].shape:
-                raise ConfigError(
-                    f"tensor '{name}': shape {list(sa[name].shape)} in {first} vs {list(sb[name].shape)} in {path}"
-                )
+                shapes = f"{list(sa[name].shape)} in {first}, {list(sb[name].shape)} in {path}"
+                raise ConfigError(f"{not_one} has shape {shapes}; {SAME_BASE}")
+
+
+# The way out of a structure refusal: a dense run beside an MoE one, or a debug run beside a Llama, were
+# refused as "tensor 'blocks.0.attn.qkv.weight': shape [192, 96] in runs/debug vs [64, 32] in hf/llama",
+# naming neither what it meant nor what to merge instead.
+SAME_BASE = (
+    "merge only fine-tunes of one base model (each trained from it with --set train.init_from=BASE; "
+    "MoE layers with the same expert counts)"
+)
 
 
 # What, besides the tensors (_same_structure: names, shapes, so expert counts), decides the function
