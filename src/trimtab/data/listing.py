@@ -97,6 +97,7 @@ def _walk(root: Path, key: str, skip: set[str]) -> list[Path]:
     cannot read (a broken symlink, a directory without permission) or reads once already (a link
     loop, a second link to a directory) is said in one line."""
     seen, files, passed = set(skip), [], []
+    through: dict[str, Path] = {}  # a directory's real path -> the link it was read through
 
     def unreadable(exc: OSError) -> None:
         passed.append(f"{exc.filename} ({exc.strerror or exc})")
@@ -110,12 +111,17 @@ def _walk(root: Path, key: str, skip: set[str]) -> list[Path]:
             if name.startswith(".") or _inside(real, skip):
                 continue
             if real in seen:
-                passed.append(f"{sub} (a link to {real}, read already)")
+                if sub.is_symlink() or real not in through:
+                    passed.append(f"{sub} (a link to {real}, read already)")
+                else:  # the real directory, met after a link to it
+                    passed.append(f"{sub} (the directory read already through the link {through[real]})")
                 continue
             if why := _own_output(sub):
                 _warn_skipped(key, str(root), str(sub), why)
                 continue
             seen.add(real)
+            if sub.is_symlink():
+                through[real] = sub
             kept.append(name)
         dirs[:] = kept
         for name in sorted(names):

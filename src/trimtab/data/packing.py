@@ -27,7 +27,6 @@ from trimtab.errors import DataError
 logger = logging.getLogger(__name__)
 
 CACHE_VERSION = 2  # bump when the cached arrays' meaning changes (2: special-token text in documents is text)
-ENCODE_CHUNK_CHARS = 4_000_000  # bounds the memory of tokenizers' Encoding objects
 
 
 @dataclass
@@ -124,15 +123,7 @@ def _load_cached(path: Path, docs: list[Document]) -> TokenizedDocs | None:
 
 
 def _tokenize(docs: list[Document], tok: TextTokenizer) -> TokenizedDocs:
-    encoded: list[list[list[int]]] = []
-    start = 0
-    while start < len(docs):  # chunks of ~ENCODE_CHUNK_CHARS, at least one document each
-        end, size = start, 0
-        while end < len(docs) and (end == start or size + len(docs[end].text) <= ENCODE_CHUNK_CHARS):
-            size += len(docs[end].text)
-            end += 1
-        encoded.extend(tok.encode_documents(docs[start:end]))
-        start = end
+    encoded = tok.encode_documents(docs)  # in calls of a bounded size (tokenizer.ENCODE_CALL_CHARS)
     pieces, flags, doc_lengths = [], [], []
     for doc, segment_ids in zip(docs, encoded):
         n = 0

@@ -196,6 +196,7 @@ class _Encoder:
     spared: int = 0  # documents that pack like garbage, written in a language: kept (quality.language)
     spared_shown: list[tuple[int, int, str]] = field(default_factory=list)  # (file, line, language) of the first
     repeated: int = 0  # documents of repeated text, most of the sample's: kept (junk.spare_repeats)
+    _repeating: bool = False  # the document read now has a part of repeated text kept (_count_repeated)
     repeated_share: float = 0.0  # the file's source's sample's share of repeated text (run_job)
     mostly_salad: bool | None = None  # whether the file's source's sample is mostly word salad (run_job)
     # flagged documents by kind: junk.KINDS' (data/junk.py's verdict), PACKING for the packing screen's alone
@@ -243,7 +244,7 @@ class _Encoder:
             self.flush()
 
     def unreadable(self, why: str) -> None:
-        self._batch, self._chars = [], 0
+        self._batch, self._chars, self._repeating = [], 0, False
         self.stats[self.file] = {"documents": 0, "tokens": 0, "skipped": 0, "unreadable": why}
 
     def flush(self) -> None:
@@ -304,6 +305,15 @@ class _Encoder:
             return math.nan, None
         return float(quality.packed(self._pieces.n_bytes, self._pieces.n_tokens)), self._pieces.why
 
+    def _count_repeated(self, spared: list[bool]) -> None:
+        """Counts the batch's documents of repeated text kept (`spared`, per entry), each once: a long text
+        file's pieces and their stretches are one document (a 50 MB line, 500 stretches, was "500 documents")."""
+        for (*_, last, _), kept in zip(self._batch, spared):
+            self._repeating = self._repeating or kept
+            if last:
+                self.repeated += self._repeating
+                self._repeating = False
+
     def _reference(self, texts: list[str], whole: np.ndarray) -> junk.Bigrams | None:
         """What a batch's word salad is judged against: the source's sample's word pairs (self.bigrams), but a batch
         of a long text file's stretches (stretches.py) holding junk.CORPUS_WORDS is judged against itself, each
@@ -344,8 +354,9 @@ class _Encoder:
         source_rule = self.bigrams is not None and ref is self.bigrams
         verdicts = junk.kinds(texts, ref, self.mostly_salad if source_rule else None)
         # a sample mostly of repeated text (a toy corpus): kept, said once at the end (prepare.py)
-        verdicts, repeated = junk.spare_repeats(texts, verdicts, self.repeated_share)
-        self.repeated += repeated
+        kept, _ = junk.spare_repeats(texts, verdicts, self.repeated_share)
+        self._count_repeated([v is not None and k is None for v, k in zip(verdicts, kept)])
+        verdicts = kept
         flagged |= whole & np.array([verdict is not None for verdict in verdicts], dtype=bool)
         # a piece's verdict is its document's evidence (_in_pieces), its packing none: NaN
         return np.where(flagged, quality.packed(n_bytes, n_tokens), np.nan), verdicts

@@ -36,6 +36,9 @@ MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # every byte plus the special tokens
 # (one document) took 1.6 GB where the same text as JSONL took 0.1 GB.
 TRAIN_SAMPLE_BYTES = 50_000_000
 TRAIN_PIECE_CHARS = 1 << 16
+# Characters per encode_batch call. tokenizers holds ~130 bytes a character of a call's texts (a
+# 10M-character text whole: 1.3 GB), so a 50 MB one-line file read by a run took 7.7 GB whole.
+ENCODE_CALL_CHARS = 4_000_000
 
 
 HF_CONFIG = "tokenizer_config.json"  # beside a tokenizer.json: a Hugging Face tokenizer's settings
@@ -166,8 +169,11 @@ class TextTokenizer:
                     out[i].append(self._between(text, [f for f in found if _covered(spans, f[0], f[1])]))
         for matched, items in batches.items():
             encoder = self._tok if matched else self._plain()
-            for (i, j, _), enc in zip(items, encoder.encode_batch([t for *_, t in items], add_special_tokens=False)):
-                out[i][j] = enc.ids
+            if not matched:  # a long text in pieces cut where the pre-tokenizer splits: the same ids
+                items = [(i, j, p) for i, j, t in items for p in formats.pieces(t, formats.TEXT_CHUNK_CHARS)]
+            for call in _calls(items):
+                for (i, j, _), enc in zip(call, encoder.encode_batch([t for *_, t in call], add_special_tokens=False)):
+                    out[i][j] += enc.ids
         return out
 
     def _plain(self) -> Tokenizer:
@@ -269,6 +275,21 @@ def _damage(path: Path, exc: Exception) -> str:
     if not isinstance(value, dict) or "model" not in value:
         return "it is JSON but not a tokenizer (a tokenizers tokenizer.json has a 'model' with its vocabulary)"
     return f"it is JSON but not a tokenizer tokenizers can read ({reason})"
+
+
+def _calls(items: list[tuple[int, int, str]]) -> Iterator[list[tuple[int, int, str]]]:
+    """`items` in runs of at most ENCODE_CALL_CHARS characters (at least one item each): an encode
+    call holds ~130 bytes a character of its texts until it returns."""
+    call: list[tuple[int, int, str]] = []
+    size = 0
+    for item in items:
+        if call and size + len(item[2]) > ENCODE_CALL_CHARS:
+            yield call
+            call, size = [], 0
+        call.append(item)
+        size += len(item[2])
+    if call:
+        yield call
 
 
 def _within(spans: tuple[tuple[int, int], ...], start: int, end: int) -> list[tuple[int, int]]:
