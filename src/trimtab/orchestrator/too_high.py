@@ -226,7 +226,7 @@ def _too_high_factor(f: Finding, lr_factor: float, before: float | None = None) 
     4.31 clean), x0.32 at 0.63x (150 steps: moe 4.005, hybrid 4.164 against 4.024 clean), x0.5 at
     the preset's (3.906, 4.024). Should that be short, the replay's gain under SOUND_GAIN halves again."""
     ev = f.evidence
-    if "sound_gain" in ev:  # over min_gain, short of a sound LR's: within a few times of it
+    if "sound_gain" in ev or "steady_gain" in ev:  # over min_gain, short of a sound LR's: within a few times of it
         return NEAR_SOUND
     if _rose(ev, before):
         return NEAR_SOUND
@@ -299,10 +299,23 @@ def _overshoot_why(f: Finding) -> str:
     """What the first steps' update gain says (above_start's gain evidence; after a cut, against a sound LR's)."""
     ev = f.evidence
     if "sound_gain" in ev:
+        short = (
+            f"under the {ev['sound_gain']:g} a sound LR reaches, where twice it reads 0.67"
+            if ev["gain"] < ev["sound_gain"]
+            else f"a sound LR's, but a quarter of them delivered {ev['gain_q1']:.2f} or less, where a sound LR's stay "
+            "over 0.6"
+        )
         return (
             f"the LR was cut for being far too high, and over the first {ev['gain_window']} steps since, the updates "
             f"delivered {ev['gain']:.2f} of the loss decrease their gradient promised on their own batch (median; "
-            f"under the {ev['sound_gain']:g} a sound LR reaches, where twice it reads 0.67): it is still too high"
+            f"{short}): it is still too high"
+        )
+    if "steady_gain" in ev:
+        return (
+            f"over this phase's first {ev['gain_window']} steps the updates delivered {ev['gain']:.2f} of the loss "
+            f"decrease their gradient promised on their own batch (median; a sound LR reads 0.72 or more) and a "
+            f"quarter of them {ev['gain_q1']:.2f} or less (a sound LR's stay over {ev['steady_gain']:g}): they "
+            "overshoot on every few steps, as an LR 2-3x too high makes them, and the model trains slowly after"
         )
     return (
         f"over this phase's first steps the updates delivered {ev['gain']:.2f} of the loss decrease their "
@@ -320,6 +333,8 @@ def _too_high_why(f: Finding, factor: float, before: float | None = None) -> str
         return _stalled_why(f) + f"; cut it {again}x{factor:.3g}, {OWED}"
     if "sound_gain" in f.evidence:  # the replay after a cut still short of a sound LR's gain
         return _overshoot_why(f) + f"; cut it again x{factor:.3g}, {OWED}"
+    if "steady_gain" in f.evidence:  # short of a sound LR's gain without a cut: within a few times of it
+        return _overshoot_why(f) + f"; halve it (x{factor:.3g}), {OWED}"
     if before is not None and _rose(f.evidence, before):  # the replay after a gain-based cut: its gain rose
         return (
             _overshoot_why(f) + f"; the last cut in this phase answered a gain of {before:.2f}, and the replay at "

@@ -169,7 +169,9 @@ class AboveStart(FirstGains, Monitor):
         # read medians 0.43 and 0.40 over steps 1-7 (seeds 1, 2; seed 2 was cut x0.316) and 0.64 over 1-15 (at
         # 10x, cut x0.1 as its loss rose above its start by step 4, the replay was halved to 0.5x for it)
         if gain is None or gain >= self.cfg.min_gain or not self._young():
-            return None if not last else self._short_of_sound(m) if self.fired else self._jumps_found(m)
+            if not last:
+                return None
+            return self._short_of_sound(m) if self.fired else self._jumps_found(m) or self._uneven(m)
         rest = [g for g, j in zip(self.gains, self.jumped) if j is None]
         jumped = self._low([j for j in self.jumped if j is not None])
         data = self._blamable(jumped, m) and len(rest) >= MIN_REST and _mid(rest) >= self.cfg.min_gain
