@@ -151,7 +151,19 @@ def _fix_for(path: Path, exc: UnicodeDecodeError) -> str:
             return f"it is {said.replace('FILE', str(path))}"
     if exc.reason == "unexpected end of data":  # only the last bytes are a character's first ones: cut short
         return "a multi-byte character is cut short (a truncated file?): remove its partial bytes"
-    return "convert it to UTF-8"
+    return f"convert it to UTF-8 ({_converter(path)})"
+
+
+def _converter(path: Path) -> str:
+    """The command converting `path` from its likely 8-bit encoding: cp1252 where its first 64 KB decode as that
+    (Windows text; Latin-1 reads the same letters, not its quotes and dashes), else Latin-1 (any bytes decode)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.read(1 << 16).decode("cp1252")
+        source = "cp1252"
+    except (OSError, UnicodeDecodeError):
+        source = "latin1"
+    return f"if it is {source} text: iconv -f {source} -t utf-8 {path} > NEW"
 
 
 def parse_json(record: Record) -> Any:

@@ -357,7 +357,7 @@ def report(
     )
     kinds_said = ", ".join(f"{n:,} {kind}" for kind, n in sorted(counts.items()))
     return (
-        f"{key}: {len(where):,} of {len(which):,} documents ({share:.1%} of the bytes) pack like text but are junk "
+        f"{key}: {len(where):,} of {_documents(len(which))} ({share:.1%} of the bytes) pack like text but are junk "
         f"({kinds_said}; "
         f"data/junk.py): {first}{more}; {done}"
     )
@@ -392,6 +392,11 @@ def repeats_line(count: int, of: int | None, key: str) -> str:
         f"{MOSTLY_REPEATED:.0%} of the source, so kept as its meant content (a toy or deliberately repeated corpus): "
         "a model trained on it learns to repeat. If it is not meant, deduplicate it or give the source real text"
     )
+
+
+def _documents(n: int) -> str:
+    """`n` documents, counted in words a person reads ("1 document")."""
+    return f"{n:,} document{'' if n == 1 else 's'}"
 
 
 def holds_words(texts: Sequence[str], n: int) -> bool:
