@@ -1,11 +1,48 @@
-"""What the data path says of a file it cannot read and of one flagged document: a Latin-1 / cp1252 file is told
-the command that converts it, as a UTF-16 file is; "1 of 1 document", not "documents"."""
+"""A user's data, in their words: one malformed record is "1 malformed record", and an empty text
+field is refused when the config is read (it failed every record as "no '' key"); a Latin-1 / cp1252 file is told
+the command that converts it, as a UTF-16 file is; a junk line's "1 of 1 document"."""
+
+from __future__ import annotations
+
+import logging
 
 import numpy as np
 import pytest
 
+from trimtab.config import DataConfig
 from trimtab.data import junk
 from trimtab.data.formats import Unreadable, records
+from trimtab.data.sources import read_documents
+from trimtab.errors import ConfigError
+
+
+def test_one_malformed_record_is_counted_in_the_singular(tmp_path, caplog):
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"text": "a line of text"}\nnot json\n{"text": "another"}\n')
+    with caplog.at_level(logging.WARNING):
+        docs, skipped = read_documents(DataConfig(source=str(path), skip_bad_records=True))
+    assert skipped == 1 and len(docs) == 2
+    assert "skipped 1 malformed record (data.skip_bad_records=true" in caplog.text
+
+
+@pytest.mark.parametrize("field", ["", "  "])
+def test_an_empty_text_field_is_refused_naming_the_key(field):
+    with pytest.raises(ConfigError, match=r"data\.text_field.*default: text"):
+        DataConfig(text_field=field).validate()
+
+
+def test_an_empty_file_in_a_data_folder_is_said_when_training_reads_it(tmp_path, caplog):
+    """`data prepare` said an empty file; training read nothing of it without a word (a file a tool left
+    empty, or one half written, is a person's lost data). A records file with no record is empty too."""
+    (tmp_path / "a.txt").write_text("some text to train on. " * 20)
+    (tmp_path / "b.txt").write_text("")
+    (tmp_path / "c.jsonl").write_text("\n\n")
+    with caplog.at_level(logging.WARNING):
+        docs, _ = read_documents(DataConfig(source=str(tmp_path)))
+    assert [d.source for d in docs] == [str(tmp_path / "a.txt")]
+    said = [r.getMessage() for r in caplog.records if "empty" in r.getMessage()]
+    assert len(said) == 1 and "skipped 2 empty files" in said[0], said
+    assert str(tmp_path / "b.txt") in said[0] and str(tmp_path / "c.jsonl") in said[0]
 
 
 def test_a_latin1_file_is_told_the_command_that_converts_it(tmp_path):
