@@ -185,7 +185,6 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
             held = self.decide(run, f).outcome or {}
             if f.rule == "straggler" and "dropped_by" in held and self.stragglers is not None:
                 self.stragglers.unname(f.evidence["ranks"])  # named again at its next slow window (the replay's)
-        self.make_room(run)  # a disk incident's save due now, made room for before it fails (saves.py)
 
     def on_eval(self, run: RunView, metrics: dict[str, Any]) -> None:
         """Rules that judge evaluations: early stopping on the validation loss, reward hacking on

@@ -42,8 +42,6 @@ class SaveGuard:
     decide: Callable[..., Any]  # a finding, decided and journaled (deciding.py)
     journal: Any  # the decisions journal (journal.py)
     _seen_again: Callable[..., Any]  # a finding counted on the decision it came back to (deciding.py)
-    rolling_back: int | None  # a rollback requested, until applied (deciding.py)
-    emergency: Any  # an instability rollback or stop requested, until applied (deciding.py)
     # the session's disk decision whose freeing worked: the same lack of space again is the same incident
     _disk_incident: Any = None
 
@@ -97,27 +95,30 @@ class SaveGuard:
 
         return done
 
-    def make_room(self, run: RunView) -> None:
-        """While a disk incident lasts, a save due at this step that would not fit in the space left is made
-        room for first (its decision's remedy, keeping as many of the newest checkpoints as leave room:
-        room_keep), counted on the decision (made_room), instead of failing a write. The remedy's keep held for
-        its retry only: on a 16 MiB tmpfs holding two debug checkpoints (checkpoint.keep 3, every 5, kill -9 at
-        step 40 and resumed to 120) every save failed once before its retry was written, 22 in all; now the first
-        alone. Once space is freed (a person's cleanup) the saves keep checkpoint.keep again. Every rank asks
-        (all_max agrees)."""
+    def room_for_save(self, run: RunView) -> int | None:
+        """While a disk incident lasts, a save about to write that would not fit in the space left is made room
+        for first: how many of the newest checkpoints may stay (room_keep; the trainer keeps the essential ones
+        besides, Checkpointing.essential_checkpoints); None: it fits, or no incident. Asked by every save the
+        run makes (Checkpointing.save), not only those due at checkpoint.every: on a 16 MiB tmpfs (debug, every
+        5, 23 steps) the final save at step 23 failed once before its retry was written; now none after the
+        first. Every rank asks (all_max agrees). Once space is freed (a person's cleanup) the saves keep
+        checkpoint.keep again."""
         first = self._disk_incident
         if first is None or first.mode != "auto" or self.mode != "auto":
-            return
-        every = run.checkpoint_every
-        if not every or run.step % every:
-            return
-        if self.rolling_back is not None or self.emergency is not None:
-            return  # the step saved is the one the rollback restores
-        keep = _agreed(room_keep(run.run_dir, first.params.get("keep", 1)))
-        if keep is None:
+            return None
+        return _agreed(room_keep(run.run_dir, first.params.get("keep", 1)))
+
+    def on_room_made(self, run: RunView, freed: int, line: str) -> None:
+        """The freeing room_for_save asked for, done: counted on the incident's decision (made_room, and the
+        checkpoints it deleted: freed), a stop's snapshot it deleted said in its applied lines."""
+        first = self._disk_incident
+        if first is None:
             return
         first.evidence["made_room"] = first.evidence.get("made_room", 0) + 1
-        run.control.request(first.action, on_done=self._incident_done(first, run.step), keep=keep)
+        first.evidence["freed"] = first.evidence.get("freed", 0) + freed
+        if "snapshot" in line:
+            first.applied.append(f"step {run.step}: {line.removesuffix('; ')}")
+        self.journal.write()
 
     def incident_state(self) -> dict[str, Any]:
         """The disk incident under way, by its decision's id, in the checkpoint: a resumed session on the same

@@ -98,6 +98,7 @@ class Checkpointing(Loading):
             self._call("on_save_stall")
         if self.best_eval is not None and self.best_checkpoint < 0:  # evaluations come before saves
             self.best_checkpoint = self.state.step if self.state.step == self.best_eval[0] else self.last_saved
+        self._make_room()
         try:
             path = self.dist.save(
                 self.cfg.run_dir,
@@ -122,6 +123,17 @@ class Checkpointing(Loading):
             self._restored = False
             self._call("on_checkpoint", path)
         return True
+
+    def _make_room(self) -> None:
+        """Room made before this save writes where a hook asks (a disk incident: orchestrator/saves.py
+        room_for_save), whichever save it is: at the interval, a phase's last, a stop's. Not in the disk rule's
+        retry, which freed already (Control._save_checkpoint). Every rank asks: room_for_save agrees over them."""
+        if self._saving_again:
+            return
+        wanted = [keep for h in self.hooks if (keep := self._hook(h, "room_for_save")) is not None]
+        if wanted:
+            freed, line = self.control.free_room(min(wanted))
+            self._call("on_room_made", freed, line)
 
     def _not_finite(self) -> list[str]:
         """What a checkpoint or a snapshot of this step would keep that is not finite (none: []): the parts of

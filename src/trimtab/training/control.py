@@ -244,17 +244,22 @@ class Control(RLKnobs):
         essential ones (the last good, the best evaluation's, a reference policy's) are deleted. The line says
         what happened, a failed save included."""
         t = self._trainer
-        freed = ""
         t.finish_save()  # a checkpoint still being written is neither pruned nor written twice
-        if keep is not None:
-            gone = t.dist.from_main(prune, t.cfg.run_dir, keep, t.essential_checkpoints())
-            freed = f"deleted {counted(len(gone), 'older checkpoint')}; " if gone else ""
-            lean = t.cfg.checkpoint.snapshot_every
-            if stale := t.dist.from_main(drop_superseded, t.cfg.run_dir, t.last_good, lean):  # a stop's, now superseded
-                freed += f"deleted the superseded snapshot {', '.join(p.name for p in stale)}; "
+        freed = "" if keep is None else self.free_room(keep)[1]
         if not t.save(wait=True):
             raise TrimtabError(f"{freed}the checkpoint at step {t.state.step} could not be written")
         return f"{freed}checkpoint at step {t.state.step}"
+
+    def free_room(self, keep: int) -> tuple[int, str]:
+        """The disk rule's freeing: all but the newest `keep` checkpoints and the essential ones deleted, and a
+        stop's snapshot a good checkpoint superseded; how many checkpoints went, and the words for what did."""
+        t = self._trainer
+        gone = t.dist.from_main(prune, t.cfg.run_dir, keep, t.essential_checkpoints())
+        freed = f"deleted {counted(len(gone), 'older checkpoint')}; " if gone else ""
+        lean = t.cfg.checkpoint.snapshot_every
+        if stale := t.dist.from_main(drop_superseded, t.cfg.run_dir, t.last_good, lean):  # a stop's, now superseded
+            freed += f"deleted the superseded snapshot {', '.join(p.name for p in stale)}; "
+        return len(gone), freed
 
     def _stop(self, reason: str, exit_code: int = 0) -> str:
         self._trainer.request_stop(reason, exit_code)

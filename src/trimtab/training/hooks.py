@@ -165,6 +165,15 @@ class Hook:
 
     def on_save_start(self, run: RunView) -> None: ...
 
+    def room_for_save(self, run: RunView) -> int | None:
+        """Before a save writes: how many of the newest checkpoints may stay for it to fit (a disk incident's,
+        orchestrator/saves.py); the trainer deletes the others but the essential ones, then says so in
+        on_room_made. None: all stay."""
+        return None
+
+    def on_room_made(self, run: RunView, freed: int, line: str) -> None:
+        """The room a hook's room_for_save asked for was made: `freed` checkpoints deleted, `line` says what."""
+
     def on_save_error(self, run: RunView, exc: OSError) -> bool:
         """Saving failed (disk full, ...): True if handled and training may go on. What a hook
         requested about it (run.control) is applied at once, before the save returns; a failure
