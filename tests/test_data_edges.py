@@ -165,7 +165,7 @@ def test_a_small_eval_source_or_mixture_source_is_named_with_its_path_not_the_tr
         ),
         (
             {"mix": [{"source": str(tmp_path / "a.txt")}, {"source": str(tmp_path / "ws.txt")}]},
-            r"data.mix\[1\].source '.*ws.txt' has \d+ tokens in 1 documents once data.eval_fraction=0.02 is held out",
+            r"data.mix\[1\].source '.*ws.txt' has \d+ tokens in 1 document once data.eval_fraction=0.02 is held out",
         ),
     ]
     for data, said in cases:

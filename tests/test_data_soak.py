@@ -54,9 +54,9 @@ def test_a_repeated_one_line_file_is_counted_as_one_document(tmp_path, tokenizer
     tokenizer.save(tmp_path / "tok.json")
     with caplog.at_level(logging.WARNING):
         manifest = prepare([str(tmp_path / "loop.txt")], tmp_path / "p", str(tmp_path / "tok.json"), workers=1)
-    said = [r.getMessage() for r in caplog.records if "are repeated text" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if " repeated text (" in r.getMessage()]
     assert manifest["documents"] == 1
-    assert len(said) == 1 and said[0].startswith("the sources: 1 documents are repeated text"), said
+    assert len(said) == 1 and said[0].startswith("the sources: 1 document is repeated text"), said
 
 
 def test_a_directory_read_through_a_link_is_not_called_a_link(tmp_path, caplog):

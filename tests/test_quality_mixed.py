@@ -51,7 +51,7 @@ def test_random_bytes_are_flagged_however_far_other_languages_widen_the_spread(t
     assert manifest["garbage"]["threshold"] < 0.5  # the languages' spread: random bytes pack above it
     out = set(range(1, n_docs + 1)) - prepared_lines(tmp_path / "p")
     assert bad <= out <= bad | salad  # all of them out; of the rest, only the shuffled pages may be
-    (line,) = [r.message for r in caplog.records if "documents flagged" in r.message]
+    (line,) = [r.message for r in caplog.records if " flagged (counted per file" in r.message]
     assert line.startswith(f"{len(out)} documents flagged")
     assert f"{len(bad)} random characters" in line  # the random bytes as what they are, each by itself, not as salad
 
@@ -62,7 +62,7 @@ def test_prepare_says_what_each_kind_of_junk_is_with_its_count(tmp_path, caplog)
     bad = crawl(tmp_path / "crawl.jsonl")  # 3 mis-encoded pages, 3 of random letters
     with caplog.at_level(logging.WARNING):
         prepare([str(tmp_path / "crawl.jsonl")], tmp_path / "p", vocab_size=300)
-    (line,) = [r.message for r in caplog.records if "documents flagged" in r.message]
+    (line,) = [r.message for r in caplog.records if " flagged (counted per file" in r.message]
     assert line.startswith(f"{len(bad)} documents flagged") and "pack under" not in line
     for kind in ("mojibake", "random letters"):
         assert f"3 {kind} ({junk.SAID[kind]})" in line
@@ -89,8 +89,8 @@ def test_prepare_names_a_flagged_text_file_without_a_line_zero(tmp_path, caplog)
     (corpus / "dump.py").write_text(base64.b64encode(random.Random(0).randbytes(3000)).decode())
     with caplog.at_level(logging.WARNING):
         prepare([str(corpus)], tmp_path / "p", vocab_size=300)
-    (line,) = [r.message for r in caplog.records if "documents flagged" in r.message]
-    assert line.startswith("1 documents flagged") and line.endswith(f"; {KEPT}")
+    (line,) = [r.message for r in caplog.records if " flagged (counted per file" in r.message]
+    assert line.startswith("1 document flagged") and line.endswith(f"; {KEPT}")
     why = line.split(f"{corpus / 'dump.py'} (")[1].removesuffix(f"); {KEPT}")  # named FILE (its reason), not FILE:0
     assert why.startswith("hex or base64 dump: 1.00 ") and why.endswith(", bytes 0-4,000 of its text")
 

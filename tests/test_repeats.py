@@ -82,7 +82,7 @@ def test_prepare_keeps_a_toy_corpus_and_says_so_once(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         prepare([str(tmp_path / "toy.txt")], tmp_path / "out", vocab_size=300, options=Options(), workers=1)
     assert flagged(tmp_path / "out") == {}
-    assert len([r for r in caplog.records if "1 documents are repeated text" in r.getMessage()]) == 1
+    assert len([r for r in caplog.records if "1 document is repeated text" in r.getMessage()]) == 1
 
 
 def test_prepare_judges_each_source_on_its_own_share_of_repeated_text(tmp_path):

@@ -19,6 +19,7 @@ from trimtab.cli_train import CONFIG, PRESET, SET
 from trimtab.commands import COMMANDS, OneOf, add_args, arg, command, number
 from trimtab.errors import ConfigError, RunFinished, TrimtabError
 from trimtab.training.services.signals import StartUpInterrupted, stop_exit
+from trimtab.words import counted
 from trimtab.write_errors import survive_closed_readers
 
 GROUPS = {"data": "prepare data: token shards a run reads memory-mapped (docs/data.md)"}
@@ -255,8 +256,9 @@ def _data_prepare(args: argparse.Namespace) -> int:
     )
     files = sum(1 for f in manifest["files"] if f.get("prepared"))
     print(
-        f"{args.out}: {manifest.get('tokens', 0):,} tokens in {manifest.get('documents', 0):,} documents from "
-        f"{files} files, {len(manifest['shards'])} shards ({manifest['dtype']}); train on it: "
+        f"{args.out}: {counted(manifest.get('tokens', 0), 'token')} in "
+        f"{counted(manifest.get('documents', 0), 'document')} from {counted(files, 'file')}, "
+        f"{counted(len(manifest['shards']), 'shard')} ({manifest['dtype']}); train on it: "
         f"trimtab train --set data.source={shlex.quote(str(args.out))}"
     )
     return 0

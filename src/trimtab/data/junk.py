@@ -48,6 +48,7 @@ from trimtab.data.bigrams import (
 from trimtab.data.dumps import DUMP, dump_share, dump_span
 from trimtab.data.mojibake import MOJIBAKE_SHARE, mojibake_share
 from trimtab.data.repeats import REPEATED, repeated_share
+from trimtab.words import counted
 
 MIN_CHARS = quality.MIN_BYTES  # shorter documents are not judged: too few words or pairs to say
 LETTERS = 0.9  # random letters are judged in documents at least this share letters (of non-space characters)
@@ -357,7 +358,8 @@ def report(
     )
     kinds_said = ", ".join(f"{n:,} {kind}" for kind, n in sorted(counts.items()))
     return (
-        f"{key}: {len(where):,} of {_documents(len(which))} ({share:.1%} of the bytes) pack like text but are junk "
+        f"{key}: {len(where):,} of {counted(len(which), 'document')} ({share:.1%} of the bytes) pack like text but "
+        "are junk "
         f"({kinds_said}; "
         f"data/junk.py): {first}{more}; {done}"
     )
@@ -386,17 +388,13 @@ def repeated_fraction(texts: Sequence[str]) -> float:
 
 def repeats_line(count: int, of: int | None, key: str) -> str:
     """The console line for `count` documents of repeated text kept as most of their source (`of` documents)."""
-    share = f" of {of:,}" if of is not None else ""
+    share = f"{count:,} of {counted(of, 'document')}" if of is not None else counted(count, "document")
+    verb = "is" if count == 1 else "are"
     return (
-        f"{key}: {count:,}{share} documents are repeated text ({SAID['repeated text']}; data/repeats.py), at least "
+        f"{key}: {share} {verb} repeated text ({SAID['repeated text']}; data/repeats.py), at least "
         f"{MOSTLY_REPEATED:.0%} of the source, so kept as its meant content (a toy or deliberately repeated corpus): "
         "a model trained on it learns to repeat. If it is not meant, deduplicate it or give the source real text"
     )
-
-
-def _documents(n: int) -> str:
-    """`n` documents, counted in words a person reads ("1 document")."""
-    return f"{n:,} document{'' if n == 1 else 's'}"
 
 
 def holds_words(texts: Sequence[str], n: int) -> bool:

@@ -23,6 +23,7 @@ from trimtab.data.prepared import ShardedRows, hold_out, rows_digest
 from trimtab.data.sources import Document, corpus_fingerprint
 from trimtab.data.tokenizer import TextTokenizer, cache_not_written
 from trimtab.errors import DataError
+from trimtab.words import all_of, counted
 
 logger = logging.getLogger(__name__)
 
@@ -274,7 +275,7 @@ def build_splits(
         after = f" once data.eval_fraction={cfg.eval_fraction:g} is held out" if len(held) else ""
         named = (f"{key} '{where}'" if where else key) or "the training split"
         raise DataError(
-            f"{named} has {len(train.tokens)} tokens in {len(train)} documents{after}, "
+            f"{named} has {counted(len(train.tokens), 'token')} in {counted(len(train), 'document')}{after}, "
             f"not enough for one row of data.seq_len+1={cfg.seq_len + 1} tokens with a "
             f"trainable target; add data or lower data.seq_len"
         )
@@ -296,7 +297,7 @@ class JunkSource(DataError):
         self.key, self.where, self.n_docs = key, where, n_docs
         section = key.split(".mix[")[0].removesuffix(".source") or "data"  # data, finetune.data
         super().__init__(
-            f"{key or 'the training data'} '{where}': every one of its {n_docs} documents is flagged as junk by the "
+            f"{key or 'the training data'} '{where}': {all_of(n_docs, 'document')} is flagged as junk by the "
             f"data screen; replace its data, or set {section}.garbage_filter=off to train on it as it is"
         )
 

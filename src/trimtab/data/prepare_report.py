@@ -8,6 +8,7 @@ from typing import Any
 
 from trimtab.data import junk, quality
 from trimtab.data.shards import PACKING, SKIPPED_SHOWN
+from trimtab.words import counted
 
 
 def garbage_line(manifest: dict[str, Any], kinds: Counter[str], names: list[str], dropped: bool) -> str:
@@ -26,7 +27,8 @@ def garbage_line(manifest: dict[str, Any], kinds: Counter[str], names: list[str]
             "the tokenizer does not know do"
         )
     said += [f"{kinds[kind]:,} {kind} ({junk.SAID[kind]})" for kind in junk.KINDS if kinds[kind]]
-    return f"{count:,} documents flagged (counted per file in the manifest): {'; '.join(said)}: {places}; {done}"
+    flagged = f"{counted(count, 'document')} flagged (counted per file in the manifest)"
+    return f"{flagged}: {'; '.join(said)}: {places}; {done}"
 
 
 def skipped_line(count: int, where: list[str]) -> str:

@@ -40,6 +40,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from trimtab.words import counted
+
 MIN_BYTES = 256  # shorter documents are not judged: a few tokens say little of how text packs
 MIN_DOCS = 20  # judged documents a source needs for its median to be a reference
 CAP = 0.75  # a flagged document packs under this fraction of the median, however tight the source
@@ -333,7 +335,8 @@ def spared_line(count: int, key: str, names: list[str]) -> str:
     """The documents `spare_scripts` kept: how many, the first SHOWN named (each with what it is written in)."""
     more = ", ..." if count > len(names) else ""
     return (
-        f"{key}: {count:,} documents pack like garbage but read as natural text: {', '.join(names)}{more}; kept and "
+        f"{key}: {counted(count, 'document')} {'packs' if count == 1 else 'pack'} like garbage but "
+        f"{'reads' if count == 1 else 'read'} as natural text: {', '.join(names)}{more}; kept and "
         "trained, not flagged (text in capitals, another script, or a language in Latin letters the tokenizer "
         "learnt little of splits into short tokens)"
     )
@@ -353,7 +356,7 @@ def report(found: Screened, names: list[str], n_bytes: np.ndarray, key: str, dro
         "them out, off skips this check"
     )
     return (
-        f"{key}: {len(where):,} of {len(found.flagged):,} documents ({share:.1%} of the bytes) pack under "
+        f"{key}: {len(where):,} of {counted(len(found.flagged), 'document')} ({share:.1%} of the bytes) pack under "
         f"{found.threshold:.2f}x the source's median {found.median:.2f} bytes per token, as random "
         f"bytes, base64, hex dumps, mis-encoded text and scripts the tokenizer does not know do: {first}{more}; {done}"
     )

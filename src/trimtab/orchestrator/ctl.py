@@ -21,7 +21,8 @@ from typing import Any
 from trimtab.errors import ConfigError, RunStateError
 from trimtab.rundir import newest_step, read_json, read_metrics, read_summary, write_json
 from trimtab.runlock import liveness, lock_holder
-from trimtab.training.actions import REQUIRED, RL_ONLY, VERBS, counted
+from trimtab.training.actions import REQUIRED, RL_ONLY, VERBS
+from trimtab.words import counted
 
 
 def parse_command(verb: str, args: list[str]) -> dict[str, Any]:

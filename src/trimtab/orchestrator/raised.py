@@ -13,7 +13,7 @@ from typing import Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.remedies import lr_cut
-from trimtab.training.actions import counted
+from trimtab.words import counted
 
 
 class PersonRaise:

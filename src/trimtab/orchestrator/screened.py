@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from trimtab.orchestrator.monitors import Finding
 from trimtab.orchestrator.remedies import Remedy
+from trimtab.words import counted
 
 if TYPE_CHECKING:
     from trimtab.data.quality import Flagged
@@ -86,8 +87,8 @@ def finding(flagged: list[Flagged], step: int, phase: int) -> Finding:
         family=RULE,  # its own: a later outlier-rows finding is other data, not this decision failing
         step=step,
         evidence={"phase": phase, "documents": documents, "rows": rows, "sources": sources},
-        summary=f"{documents} documents {_what(worst)} (data.garbage_filter=warn; {first}): {rows} training rows "
-        "are at least half theirs",
+        summary=f"{counted(documents, 'document')} flagged as {_what(worst)} (data.garbage_filter=warn; {first}): "
+        f"{counted(rows, 'training row')} at least half theirs",
         strength=STRENGTH,
     )
 
@@ -96,8 +97,8 @@ def _what(threshold: float) -> str:
     """What the documents were flagged for: threshold 0 is a source too small for a packing scale (under
     quality.MIN_DOCS documents), where only junk judged by each document alone is (data/junk.py)."""
     if threshold > 0:
-        return f"pack under {threshold:.2f}x their source's median bytes per token or are junk that packs like text"
-    return "are junk, each judged alone (too few documents for a packing scale)"
+        return f"packing under {threshold:.2f}x the source's median bytes per token, or junk that packs like text"
+    return "junk, each judged alone (too few documents for a packing scale)"
 
 
 def remedy(rows: list[int]) -> Remedy:

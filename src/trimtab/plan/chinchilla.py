@@ -31,6 +31,7 @@ from trimtab.config import DataConfig, RunConfig
 from trimtab.errors import ConfigError
 from trimtab.model.catalog import ModelSize, model_size
 from trimtab.plan.junk_screen import screen
+from trimtab.words import all_of
 
 if TYPE_CHECKING:
     from trimtab.data.sources import Document
@@ -169,7 +170,7 @@ def _prepared_train_tokens(path: str, fraction: float, key: str, garbage_filter:
     data = PreparedData(path, key=key, verify=False)
     if garbage_filter == "warn" and every_flagged(data.garbage):
         raise ConfigError(
-            f"{key} {path}: every one of its {len(data.garbage):,} documents was flagged as junk by `trimtab data "
+            f"{key} {path}: {all_of(len(data.garbage), 'document')} was flagged as junk by `trimtab data "
             "prepare` (its manifest's garbage): training refuses it alone and leaves it out of a mixture, so it has "
             "no training tokens; plan on the data that trains, or set data.garbage_filter=off to count it as it is"
         )

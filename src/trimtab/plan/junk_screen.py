@@ -15,6 +15,7 @@ import numpy as np
 
 from trimtab.config import RunConfig
 from trimtab.errors import ConfigError
+from trimtab.words import all_of
 
 if TYPE_CHECKING:
     from trimtab.data.junk import Verdict
@@ -55,7 +56,7 @@ def screen(cfg: RunConfig, texts: Sequence[str], names: Sequence[str], path: str
         kinds = _kinds(found.verdicts)
     if found.whole and junky.all():
         raise ConfigError(
-            f"{key} {path}: every one of its {len(texts):,} documents is junk ({kinds}; data/junk.py): training "
+            f"{key} {path}: {all_of(len(texts), 'document')} is junk ({kinds}; data/junk.py): training "
             "refuses it alone and leaves it out of a mixture, so it has no training tokens; plan on the data that "
             "trains, or set data.garbage_filter=off to count it as it is"
         )

@@ -17,13 +17,9 @@ from typing import Any
 from trimtab.config import CHECKPOINTING
 from trimtab.config.orchestrator import MODES, OrchestratorConfig
 from trimtab.errors import ConfigError
+from trimtab.words import counted
 
 REQUIRED = object()  # a parameter without a default
-
-
-def counted(n: int, noun: str) -> str:
-    """`n` `noun`s in words, the noun agreeing with the count: "1 step", "0 steps" (the journal said "1 steps")."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,12 +33,13 @@ from trimtab.errors import ConfigError, TrimtabError
 from trimtab.resilience.elastic import leave_job, node_count, node_rank
 from trimtab.snapshots import drop_superseded
 from trimtab.training import surgery
-from trimtab.training.actions import ACTIONS, MOE_KNOBS, PUT_BACK, RL_ONLY, action, counted
+from trimtab.training.actions import ACTIONS, MOE_KNOBS, PUT_BACK, RL_ONLY, action
 from trimtab.training.optim import build_optimizer
 from trimtab.training.rl_control import RLKnobs
 from trimtab.training.schedule import apply_lengths
 from trimtab.training.setup import model_sizes
 from trimtab.training.state import Rewound
+from trimtab.words import counted
 
 if TYPE_CHECKING:
     from trimtab.training.trainer import Trainer

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from trimtab.errors import ConfigError
 from trimtab.rl.batches import RolloutLoader
 from trimtab.rl.curriculum import set_difficulty
-from trimtab.training.actions import counted
+from trimtab.words import counted
 
 if TYPE_CHECKING:
     from trimtab.training.trainer import Trainer
