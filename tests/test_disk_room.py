@@ -8,6 +8,8 @@ from collections import namedtuple
 import trimtab
 from trimtab.checkpoint import list_checkpoints
 from trimtab.config import load_config, merge
+from trimtab.report.page import _outcome
+from trimtab.report.runs import run_row
 from trimtab.rundir import read_decisions
 
 Usage = namedtuple("Usage", "total used free")
@@ -59,3 +61,31 @@ def test_a_stops_save_is_made_room_for(tmp_path, monkeypatch):
     assert disk["evidence"]["made_room"] == 2 and "seen_again" not in disk["evidence"]
     # step 4 the best evaluation's, step 6 the last good: both kept through the freeing
     assert [p.name for p in list_checkpoints(out)] == ["step_000004", "step_000006", "step_000007"]
+
+
+def test_a_retry_is_judged_on_the_saves_after_it_not_the_loss(tmp_path):
+    # before: judged on the loss like an instability, a 7-step run's retry at step 6, its saves at 6 and 7 written,
+    # read "too early" and `trimtab runs` counted no fault healed; the report says the room made and a return
+    out = tmp_path / "r"
+    trimtab.train(_cfg(out, 7, ["disk_full@6"]))
+    (disk,) = _disk(out)
+    assert disk["outcome"]["result"] == "recovered" and disk["outcome"]["saves_after"] == 2, disk["outcome"]
+    assert read_runs_healed(out) == 1
+    out = tmp_path / "again"  # back at step 9, whose retry and the run's last try fail: the run ends unsaved
+    trimtab.train(_cfg(out, 9, ["disk_full@6", "disk_full@9:5"]))
+    first = _disk(out)[0]
+    assert first["outcome"]["result"] == "not recovered" and first["outcome"]["last_failed"] == 9, first["outcome"]
+    assert _outcome(first, 20) == "not recovered (came back 1 time, last at step 9)"
+
+
+def test_the_report_says_the_room_made_before_later_saves(tmp_path, monkeypatch):
+    out = tmp_path / "r"
+    trimtab.train(_cfg(out, 4, ["disk_full@2"]))
+    _full(monkeypatch)
+    trimtab.train(_cfg(out, 9, ["disk_full@2"]))
+    (disk,) = _disk(out)
+    assert "(room made before 3 later saves, deleting " in _outcome(disk, 20), _outcome(disk, 20)
+
+
+def read_runs_healed(out):
+    return run_row(out, out.parent)["healed"]  # `trimtab runs`' faults healed

@@ -24,7 +24,8 @@ before its trouble, which would compare the run with itself), but for the rollba
 effect the replay is. Advice is never judged (deciding.py: "not applied"), nor a note (action
 "none": nothing was done, so nothing healed; deciding.py: "noted"), and a knob that heals nothing
 is judged on what it set, not on a loss any training run lowers: make_up's added steps ran or not
-(_made_up), a checkpoint interval was applied (deciding.py: "applied"). A decision the run's end
+(_made_up), a checkpoint interval was applied (deciding.py: "applied"), and a failed save's retry on
+the saves after it, at the run's end (_saved). A decision the run's end
 comes to before `outcome_after` steps followed it is "too early" (_too_early), never "recovered".
 A MoE decision is judged on its layer's load too, and may wait while that load settles; a dead
 expert that was starving already when a decision was taken is no return of its trouble (both:
@@ -88,6 +89,9 @@ class Outcomes:
                 decision.observed += 1
                 if m.step >= decision.params.get("steps", math.inf):
                     self.judge(decision)
+                continue
+            if _saves(decision):  # heals the saves, not the loss: judged on them at the run's end (_saved)
+                decision.observed += 1
                 continue
             if str(decision.id) not in self.tracking:  # before a replay's losses replace the branch's
                 self.tracking[str(decision.id)] = {"losses": [], "findings": 0, "claim": self._claim(decision)}
@@ -153,6 +157,8 @@ class Outcomes:
         its layer's load is settling (moe_outcomes.py: MoELoad.settling)."""
         if d.rule == "make_up":
             return self._made_up(d)
+        if _saves(d):
+            return self._saved(d) if ended else None
         track = self.tracking.get(str(d.id), {"losses": [], "findings": 0})
         load = self.moe_load.healed(d, track.get("load"))
         healed = load.pop("healed", True)  # popped whatever `ok` is: only the numbers go in the outcome
@@ -261,6 +267,19 @@ class Outcomes:
         d.outcome |= {"made_up": d.evidence.get("extend"), "total_steps": total, "trained_to": self.last_step}
         self.journal.write()
 
+    def _saved(self, d: Decision) -> None:
+        """A failed save's retry (the disk rule's save_checkpoint) heals the saves: "recovered" when the run's
+        last failed save of the incident (the decision's step, or the failure counted on it again: seen_again,
+        last_seen_at) was followed by one written (saved_at: SaveGuard.on_checkpoint), "not recovered" when the
+        run ended with the saves failing. Judged on the loss, a 23-step debug run on a 16 MiB tmpfs whose every
+        save after the first failure was written read "too early", and `trimtab runs` counted no fault healed."""
+        self.tracking.pop(str(d.id), None)
+        failed, saved = d.evidence.get("last_seen_at", d.step), d.evidence.get("saved_at")
+        healed = isinstance(saved, int) and saved >= failed
+        d.outcome = {"result": "recovered" if healed else "not recovered", "steps": d.observed}
+        d.outcome |= {"saves_after": d.evidence.get("saves_after", 0), "last_failed": failed}
+        self.journal.write()
+
     def _within_noise(self, pairs: list[tuple[float, float | None]], excess: float) -> bool:
         """Whether a replay's mean `excess` over the losses the run had at the same steps before is
         within `sigma` standard errors of their step-by-step differences. A replay is paired step
@@ -331,6 +350,11 @@ def _frozen(d: Decision, track: dict[str, Any], before: float | None, after: flo
     6.2 against 5.3 before) and its confidence climbed 0.75 -> 0.98 (debug-moe: withheld.py)."""
     most = 2 * track.get("withheld", 0) > len(track["losses"])
     return d.action == "skip_data" and most and before is not None and not after <= before
+
+
+def _saves(d: Decision) -> bool:
+    """Whether `d` is a failed save's retry, judged on the saves that followed (Outcomes._saved)."""
+    return d.rule == "disk" and d.action == "save_checkpoint"
 
 
 def _too_early(track: dict[str, Any], outcome_after: int, finite: bool) -> bool:

@@ -174,6 +174,10 @@ class SaveGuard:
         self.save_stall = run.save_seconds  # the stall the save cost training (the interval rule's C)
         self.failed_saves = 0
         self._baseline_before = None  # the checkpoint measured is on disk
+        for d in self.journal.pending():  # a failed save's retry is judged on the saves after it (outcomes.py)
+            if d.rule == "disk":
+                d.evidence["saves_after"] = d.evidence.get("saves_after", 0) + 1
+                d.evidence["saved_at"] = run.step
 
     def healthy(self, run: RunView) -> bool:
         """A good rollback target: no escalation under way, and no instability in the last SETTLED

@@ -19,6 +19,7 @@ from trimtab.report.plotlyjs import head_scripts
 from trimtab.report.run import RunRecord, finite, outcome_result, val_loss
 from trimtab.report.runs import run_wall
 from trimtab.rundir import advice_line, healed, is_note, standing_advice
+from trimtab.words import counted
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em 2em; color: #222; }
@@ -244,8 +245,14 @@ def _outcome(d: dict[str, Any], after: int | None) -> str:
     if outcome.get("weights_kept"):  # a full disk's stop: the weights alone, a new run's train.init_from
         text += f" (its weights alone kept in {outcome['weights_kept']}: not a resume point)"
     evidence = d.get("evidence") or {}
-    if d.get("mode") == "advise" and evidence.get("seen_again"):  # the same advice again, counted on this row
-        text += f" (advised {evidence['seen_again'] + 1} times, last at step {evidence.get('last_seen_at')})"
+    again = evidence.get("seen_again")
+    if d.get("mode") == "advise" and again:  # the same advice again, counted on this row
+        text += f" (advised {again + 1} times, last at step {evidence.get('last_seen_at')})"
+    elif again:  # the same trouble again, answered the same way (a disk incident's saves out of space)
+        text += f" (came back {counted(again, 'time')}, last at step {evidence.get('last_seen_at')})"
+    if evidence.get("made_room"):  # a disk incident's later saves, made room for before they wrote (saves.py)
+        freed = f", deleting {counted(evidence.get('freed', 0), 'older checkpoint')}" if "freed" in evidence else ""
+        text += f" (room made before {counted(evidence['made_room'], 'later save')}{freed})"
     return text
 
 
