@@ -89,3 +89,12 @@ def test_the_report_says_the_room_made_before_later_saves(tmp_path, monkeypatch)
 
 def read_runs_healed(out):
     return run_row(out, out.parent)["healed"]  # `trimtab runs`' faults healed
+
+
+def test_a_retry_that_freed_room_but_failed_does_not_say_nothing_changed(tmp_path, capsys):
+    # the retry at step 6 deletes the checkpoints at steps 0 and 2 (step 4 is the last good), then its save fails too
+    out = tmp_path / "r"
+    trimtab.train(_cfg(out, 7, ["disk_full@6:2"]))
+    err = capsys.readouterr().err
+    assert "step 6 disk: save_checkpoint failed: deleted 2 older checkpoints; the checkpoint at step 6" in err, err
+    assert "nothing changed" not in err

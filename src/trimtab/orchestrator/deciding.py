@@ -280,7 +280,10 @@ class Deciding:
                 said = f"[orchestrator] step {decision.step} manual: {decision.summary} failed, nothing changed"
                 run.say(f"{said}: {error}")
             elif console is not None:
-                said = f"[orchestrator] step {decision.step} {decision.rule}: {decision.action} failed, nothing changed"
+                # a disk retry's freeing stands though its save failed (Control._save_checkpoint's line names it
+                # first): it read "failed, nothing changed: deleted 3 older checkpoints; ..." (disk_full@40:2)
+                changed = "" if error.startswith("deleted ") else ", nothing changed"
+                said = f"[orchestrator] step {decision.step} {decision.rule}: {decision.action} failed{changed}"
                 console.say(f"{said}: {error}")
         elif decision.action == "stop":  # the run ends here: steps after a resume judge nothing of it
             decision.outcome = {"result": "stopped", "steps": 0}
