@@ -1,6 +1,7 @@
 """A user's data, in their words: one malformed record is "1 malformed record", and an empty text
 field is refused when the config is read (it failed every record as "no '' key"); a Latin-1 / cp1252 file is told
-the command that converts it, as a UTF-16 file is; a junk line's "1 of 1 document"."""
+the command that converts it, as a UTF-16 file is, in a folder too (skipped, and the warning says the fix); a junk
+line's "1 of 1 document"."""
 
 from __future__ import annotations
 
@@ -66,3 +67,14 @@ def test_the_junk_lines_say_one_document():
     flagged = [junk.Verdict("word salad", 0.1, junk.SMALL_BITS)]
     line = junk.report(flagged, np.array([True]), ["a.txt"], np.array([300]), "data.source", dropped=False)
     assert "1 of 1 document (" in line
+
+
+def test_a_cp1252_file_skipped_in_a_folder_is_told_its_fix_too(tmp_path, caplog):
+    # a folder's file that is not UTF-8 is skipped with a warning, which cut the message before its fix
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "ok.txt").write_text("fine text " * 20)
+    (tmp_path / "src" / "win.txt").write_bytes("Café “quoted” text. ".encode("cp1252") * 20)
+    with caplog.at_level(logging.WARNING):
+        docs, _ = read_documents(DataConfig(source=str(tmp_path / "src")))
+    assert [d.source for d in docs] == [str(tmp_path / "src" / "ok.txt")]
+    assert f"iconv -f cp1252 -t utf-8 {tmp_path / 'src' / 'win.txt'} > NEW" in caplog.text, caplog.text

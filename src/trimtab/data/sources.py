@@ -314,7 +314,9 @@ class _Reader:
 
     def _unreadable(self, exc: formats.Unreadable) -> None:
         self.n_undecodable += 1
-        self.undecodable_example = self.undecodable_example or str(exc).split("; ")[0]
+        # the whole message, its fix with it: cut at "; " the line named a cp1252 file "not UTF-8 text at line 1
+        # (invalid continuation byte)" and no iconv command
+        self.undecodable_example = self.undecodable_example or str(exc)
 
 
 def record_documents(
