@@ -133,3 +133,31 @@ def test_routing_replay_routes_a_mixture_of_depths_policy_by_its_predictor_as_ge
     worst = max(abs(a - b) for got, want in zip(_batch_logprobs(m, rollouts), behaviour) for a, b in zip(got, want))
     assert worst > 1e-2  # top-k at half the tokens, without replay
     assert all(not router.replay for _, router in m.mod_layers())
+
+
+def test_routing_replay_of_a_moe_mod_block_its_predictor_passes_over_keeps_every_forwards_record():
+    """A MoE inside a Mixture-of-Depths block ran on no token at a decode step its predictor sent every token past,
+    and recorded nothing there: the sequences' choices did not line up ('all input arrays must have the same
+    shape', every debug-hybrid RL run at its first rollouts). Each such forward now records placeholders, and a
+    replayed training forward that runs the block on no token leaves no aux_loss whose graph a backward freed."""
+    m = model(["moe", "moe+mod"])
+    (_, router), (_, inner) = m.mod_layers()[0], m.moe_layers()[1]
+    with torch.no_grad():
+        router.predictor[-1].weight.zero_()  # the predictor's output 0: no token goes through the block
+    rollouts = generate(m, [p for p in PROMPTS for _ in range(2)], 6, EOS, generator=torch.Generator().manual_seed(1),
+                        record_routing=True)  # fmt: skip
+    for r in rollouts:
+        assert r.experts.shape == (2, len(r.prompt) + len(r.tokens) - 1, 2)
+        assert (r.experts[1] == [0, 1]).all()  # the passed-over tokens' placeholders, as collate's padding
+    width = max(len(r.prompt) + len(r.tokens) - 1 for r in rollouts)
+    replayed = _batch_logprobs(m, rollouts, collate([r.experts for r in rollouts], width=width), depth=True)
+    for got, r in zip(replayed, rollouts):
+        assert got == pytest.approx(r.logprobs, abs=1e-4)
+    m.train()
+    inputs = torch.tensor([rollouts[0].prompt])
+    (m(inputs).sum() + m.aux_loss()).backward()  # a top-k forward: the inner MoE's aux_loss, its graph then freed
+    assert inner.aux_loss is not None
+    with replaying(m, collate([rollouts[0].experts[:, : inputs.shape[1]]], inputs.shape[1]), depth=True):
+        logits = m(inputs)
+    assert inner.aux_loss is None
+    (logits.sum() + m.aux_loss()).backward()  # before: "Trying to backward through the graph a second time"

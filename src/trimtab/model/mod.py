@@ -84,11 +84,18 @@ class DepthRouter(nn.Module):
         return max(1, min(T, math.ceil(self.capacity * T)))
 
     def forward(
-        self, x: torch.Tensor, f: Residual, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache | None, layer: int
+        self,
+        x: torch.Tensor,
+        f: Residual,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        cache: KVCache | None,
+        layer: int,
+        idle: Callable[[int], None] | None = None,
     ) -> torch.Tensor:
+        """x + the gated f(x) of the tokens routed through; `idle(tokens)` is told when f runs on none of them."""
         if self.training and cache is None and not self.replay:
             return self._top_k(x, f, rope, layer)
-        return self._predicted(x, f, rope, cache, layer)
+        return self._predicted(x, f, rope, cache, layer, idle)
 
     def _top_k(self, x: torch.Tensor, f: Residual, rope: tuple, layer: int) -> torch.Tensor:
         B, T, D = x.shape
@@ -128,7 +135,15 @@ class DepthRouter(nn.Module):
         update = torch.sigmoid(score).unsqueeze(-1).to(x.dtype) * f(x, rope, visible.unsqueeze(1), None, layer)
         return x + torch.where(chosen.unsqueeze(-1), update, torch.zeros((), dtype=update.dtype, device=x.device))
 
-    def _predicted(self, x: torch.Tensor, f: Residual, rope: tuple, cache: KVCache | None, layer: int) -> torch.Tensor:
+    def _predicted(
+        self,
+        x: torch.Tensor,
+        f: Residual,
+        rope: tuple,
+        cache: KVCache | None,
+        layer: int,
+        idle: Callable[[int], None] | None = None,
+    ) -> torch.Tensor:
         B, T, _ = x.shape
         chosen = self.predictor(x).squeeze(-1) > 0  # [B, T]: from x_t alone, so causal
         offset = cache.pos if cache is not None else 0
@@ -144,6 +159,8 @@ class DepthRouter(nn.Module):
             share = chosen.float().mean()
             self.stats = {"capacity": share, "predictor_acc": torch.ones_like(share), "gate": gate}
         if not anything:  # nothing to process: no compute, no keys written
+            if idle is not None:
+                idle(B * T)
             return x
         q_pos = torch.arange(offset, offset + T, device=x.device)
         k_pos = torch.arange(offset + T, device=x.device)

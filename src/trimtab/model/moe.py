@@ -170,6 +170,19 @@ class MoE(ExpertSurgery, nn.Module):
     def n_experts(self) -> int:
         return self.router.shape[0]
 
+    def passed_over(self, tokens: int) -> None:
+        """A Mixture-of-Depths block ran this layer on none of `tokens` tokens (a decode step whose token its
+        predictor sent past the block: model/mod.py): while recording (routing replay), their choices are
+        placeholders 0 .. k-1, as collate's padding, so each forward keeps its record and the sequences line up
+        (a missing one failed every debug-hybrid RL run at its first rollouts: 'all input arrays must have the
+        same shape'). Replayed, the block drops those tokens' outputs, so their experts change no result. In a
+        training forward (a replayed micro-batch none of whose tokens the predictor sends through) no aux_loss:
+        the last forward's, its graph freed by that micro-batch's backward, failed the next backward."""
+        self.aux_loss = None
+        if self.recorded is not None:
+            k = self.top_k
+            self.recorded.append(torch.arange(k, device=self.router.device).expand(tokens, k))
+
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """normal(0, init_std) for router, w1, w3; normal(0, out_std) for the residual

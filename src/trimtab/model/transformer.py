@@ -52,7 +52,8 @@ class Block(nn.Module):
         layer: int,
     ) -> torch.Tensor:
         if self.depth is not None:
-            return self.depth(x, self.update, rope, cache, layer)
+            idle = self.ffn.passed_over if isinstance(self.ffn, MoE) else None  # routing replay's record
+            return self.depth(x, self.update, rope, cache, layer, idle)
         x = x + self.attn(self.attn_norm(x), rope, mask, cache, layer)
         return x + self.ffn(self.ffn_norm(x), residual=True)
 
