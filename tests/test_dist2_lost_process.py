@@ -1,16 +1,20 @@
 """A run of one process killed from outside (SIGKILL, the OOM killer, a preemption without notice)
 and started again: the restart's evidence says the process was lost, not that a rank of a job was
-(`lost_rank` says the other ranks' collectives failed with it; a session of one has no others)."""
+(`lost_rank` says the other ranks' collectives failed with it; a session of one has no others). One that failed with
+a Python error wrote its exit record (watchdog.NoWatchdog): a crash, with its error."""
 
 import time
 from types import SimpleNamespace
 
 import pytest
 
+import trimtab
+from helpers import CrashAt
+from test_orchestrator_loop import debug_cfg
 from trimtab.orchestrator.remedies import restart
 from trimtab.orchestrator.restarts import Resilience
 from trimtab.resilience.goodput import Ledger, totals
-from trimtab.rundir import GOODPUT_FILE, write_json
+from trimtab.rundir import GOODPUT_FILE, read_decisions, write_json
 
 
 def lost_session(run_dir, world: int) -> None:
@@ -143,3 +147,16 @@ def test_the_steps_a_restart_trains_again_are_counted_replayed(tmp_path):
     summary = {"status": "completed", "steps_replayed": 6}  # the trainer's: the rollback's 10-15
     hook.on_train_end(run, summary)
     assert (summary["steps_replayed"], summary["steps_replayed_after_restart"]) == (8, 2)
+
+
+def test_a_single_process_that_failed_with_an_error_is_said_to_have_failed_not_to_be_lost(tmp_path):
+    """A Python error that ended a run of one process (a traceback on its console) read "the process ended
+    without a word (SIGKILL, the OOM killer, its machine)" at the restart: no watchdog wrote its exit record."""
+    run = tmp_path / "r"
+    with pytest.raises(RuntimeError, match="crash"):
+        trimtab.train(debug_cfg(run, steps=8), hooks=[CrashAt(5)])
+    trimtab.train(debug_cfg(run, steps=8))
+    (decision,) = [d for d in read_decisions(run) if d["rule"] == "restart"]
+    assert decision["evidence"]["kind"] == "crash" and decision["evidence"]["ranks_to_blame"] == []
+    assert decision["summary"].startswith("the job failed: RuntimeError: crash (test)"), decision["summary"]
+    assert "its error ended it" in decision["reasoning"] and "without a word" not in decision["reasoning"]

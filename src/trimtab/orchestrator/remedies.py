@@ -324,6 +324,9 @@ def restart(f: Finding) -> Remedy:
         started = f"launched again (by a person, a script or a scheduler) on {world}, the run"
     elif "TORCHELASTIC_RESTART_COUNT" not in os.environ and e["world_before"] == e["world_after"] == 1:
         why = why if e.get("kind", "lost_rank") != "lost_rank" else "the process ended without a word"
+        if e.get("kind") == "crash":  # one process's error: its code or data, which a resume meets again
+            why = "its error ended it (its traceback is on the console it ran in); unless its cause was fixed, the "
+            why += "same steps meet it again"
         started = "started again (not by torchrun: by a person, a script or a scheduler), the run"
     return Remedy(
         action="resume",

@@ -461,19 +461,29 @@ class Watchdog:
 
 
 class NoWatchdog(Watchdog):
-    """The watchdog switched off: beats cost one call; no thread, no files."""
+    """The watchdog switched off: beats cost one call; no thread, no beat files. A process alone (`run_dir`
+    given) that fails writes its exit record (its error, the step), what the next session reads (incidents.py):
+    a session of one process that died of a Python error read "the process ended without a word (SIGKILL, the
+    OOM killer, its machine)" (debug-hybrid RL, a ValueError at its first rollouts)."""
 
-    def __init__(self) -> None:
+    def __init__(self, run_dir: Path | None = None) -> None:
         self.current, self.step, self.longest, self.before = ("start-up", time.monotonic()), 0, {}, {}
+        self.run_dir, self.rank, self.world, self.started = run_dir, 0, 1, time.time()
+        self._kept_lost, self._beat_lock = False, threading.Lock()
 
     def beat(self, section: str, step: int | None = None) -> None:
-        pass
+        self.current = (section, 0.0)  # where a failure's record says it ended (incidents.py: done_step)
+        if step is not None:
+            self.step = step
 
     def start(self) -> Watchdog:
         return self
 
     def stop(self, exit_record: str | None = None) -> None:
-        pass
+        if self.run_dir is not None and exit_record is not None:  # a failure: said for the next session
+            with contextlib.suppress(OSError):
+                (self.run_dir / RANKS).mkdir(parents=True, exist_ok=True)
+            self._write_beat(exit=exit_record)
 
     def gone_peers(self) -> list[int]:
         return []  # no beats to read
@@ -483,7 +493,7 @@ def make_watchdog(cfg: Any, run_dir: Path, rank: int, world: int, connect: Calla
     """The `resilience:` section's watchdog for this rank (auto: on under torchrun); `connect`: a client of
     torchrun's store for the ranks' heartbeats (none: no heartbeat)."""
     if cfg.watchdog == "off" or (cfg.watchdog == "auto" and world == 1):
-        return NoWatchdog()
+        return NoWatchdog(run_dir if world == 1 else None)
     dog = Watchdog(
         run_dir,
         rank,
