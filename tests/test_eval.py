@@ -2,7 +2,10 @@
 trimtab adapter, checked against hand computation and against lm-eval's own `hf` backend."""
 
 import json
+import logging
 import math
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -159,7 +162,8 @@ def test_trimtab_eval_runs_the_shipped_tasks_and_records_them(run, capsys, tmp_p
     assert main(["eval", str(run), "--tasks", tasks, "--data", str(data), "--limit", "4"]) == 0
     assert collected == []
     printed, err = capsys.readouterr()
-    assert "trimtab_tiny: " in printed and "bits per byte" in printed
+    assert "trimtab_tiny (4 examples): acc " in printed and "bits per byte" in printed
+    assert "sample_len" not in printed  # a count, once printed among the scores as "sample_len 4.0000"
     # no progress bar off a terminal (lm-eval's per task, the adapter's generating): a log's line each redraw
     assert "it/s" not in err and "%|" not in err, err[-2000:]
     [record] = (run / "eval").glob("*.json")
@@ -200,7 +204,6 @@ def test_trimtab_eval_prints_no_lm_eval_info_lines_and_LMEVAL_LOG_LEVEL_brings_t
 ):
     """lm-eval logs ~20 INFO lines a run (seeds, task list, "Building contexts"...) and, outside a
     git repository, git's error: all noise to a trimtab user. Its warnings are kept."""
-    import logging
 
     monkeypatch.chdir(tmp_path)  # not a git repository
     caplog.set_level(logging.INFO)  # the CLI's own level: whatever lm-eval sends at INFO would show
@@ -209,7 +212,7 @@ def test_trimtab_eval_prints_no_lm_eval_info_lines_and_LMEVAL_LOG_LEVEL_brings_t
     assert not [r.getMessage() for r in lm_eval_records if r.levelno < logging.WARNING]
     assert not [r for r in lm_eval_records if "--metadata" in r.getMessage()]  # lm-eval's CLI advice
     out, err = capfd.readouterr()
-    assert "trimtab_tiny: " in out and "not a git repository" not in err
+    assert "trimtab_tiny (2 examples): " in out and "not a git repository" not in err
     assert logging.getLogger("lm_eval").level == logging.NOTSET  # restored after the run
     logging.getLogger("lm_eval").warning("a warning that matters")
     assert caplog.records[-1].getMessage() == "a warning that matters"
@@ -234,7 +237,8 @@ def test_a_metric_that_several_filters_score_keeps_each_filters_number():
         "exact_match_stderr,flexible-extract": 0.1,
         "sample_len,none": 8,
     }
-    assert _clean(gsm8k) == {"exact_match,strict-match": 0.25, "exact_match,flexible-extract": 0.5, "sample_len": 8}
+    # sample_len is a count of examples: kept apart as `samples`, printed as "(8 examples)", never as a score
+    assert _clean(gsm8k) == {"exact_match,strict-match": 0.25, "exact_match,flexible-extract": 0.5, "samples": 8}
     assert _clean({"acc,none": 0.5, "acc_norm,none": 0.75, "acc_stderr,none": 0.1}) == {"acc": 0.5, "acc_norm": 0.75}
 
 
@@ -292,3 +296,16 @@ def test_trimtab_eval_takes_set_items_over_the_runs_config_and_records_them(run,
     (tmp_path / "hf/config.json").write_text("{}")  # a Hugging Face directory: its config.json is the model's
     with pytest.raises(ConfigError, match="--set model.max_seq_len=128: .* Hugging Face model directory"):
         api.load_run_at(tmp_path / "hf", ["model.max_seq_len=128"])
+
+
+def test_a_library_with_its_own_console_handler_prints_each_line_once():
+    """huggingface_hub and datasets add a handler of their own when imported and propagate to the root's: `trimtab
+    eval --tasks hellaswag` offline printed each of the hub's retries twice, plain and as "trimtab: ..."."""
+    # a process of its own: the logging of a fresh CLI, which pytest's capture handlers would change
+    script = (
+        "import logging; from trimtab.cli import main; main(['presets']); "
+        "from huggingface_hub.utils import logging as hub; "  # its handler, added at its first logger's
+        "hub.get_logger('huggingface_hub.file_download').warning('Retrying in 1s [Retry 1/5].')"
+    )
+    err = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stderr
+    assert err.count("Retrying in 1s") == 1, err

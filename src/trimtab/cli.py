@@ -153,7 +153,8 @@ def _eval(args: argparse.Namespace) -> int:
             f"bits per byte {d['bits_per_byte']:.4f} (context {d['context']}, stride {d['stride']})"
         )
     for task, metrics in results.get("tasks", {}).items():
-        print(f"{task}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "alias"))
+        n = f" ({metrics['samples']:,} examples)" if "samples" in metrics else ""  # a count, not a score
+        print(f"{task}{n}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k not in ("alias", "samples")))
     if "not_recorded" in results:  # a read-only model directory: the scores above are all there is
         print(f"results not recorded ({results['not_recorded']})")
     else:
@@ -431,12 +432,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# libraries that add a console handler of their own to their logger when imported and leave it propagating:
+# `trimtab eval --tasks hellaswag` offline printed each of huggingface_hub's retries twice, once as "trimtab: ..."
+OWN_HANDLERS = ("huggingface_hub", "datasets")
+
+
 def main(argv: list[str] | None = None) -> int:
     # trimtab's own lines at INFO, other libraries' at WARNING: with the root at INFO, botocore said
     # "trimtab: Found credentials in environment variables." 3 times a run with checkpoint.dir s3://
     survive_closed_readers()  # a console piped into `head` that closes: training goes on (write_errors.py)
     logging.basicConfig(level=logging.WARNING, format="trimtab: %(message)s")
     logging.getLogger("trimtab").setLevel(logging.INFO)
+    for name in OWN_HANDLERS:  # they print through a handler of their own: through ours too, each line came twice
+        logging.getLogger(name).propagate = False
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

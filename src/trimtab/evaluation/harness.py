@@ -291,10 +291,14 @@ def _quiet_lm_eval() -> Iterator[None]:
 def _clean(metrics: dict[str, Any]) -> dict[str, Any]:
     """lm-eval's metric names ("acc,none") without the filter suffix, numbers only. A metric that
     several filters score (gsm8k's "exact_match,strict-match" and "exact_match,flexible-extract")
-    keeps lm-eval's full names: cut to one name, the last filter's number replaced the others'."""
+    keeps lm-eval's full names: cut to one name, the last filter's number replaced the others'.
+    lm-eval's `sample_len` is how many examples were scored, no score: `samples`, a count (it was
+    printed as "sample_len 8.0000" among the scores)."""
     numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and "stderr" not in k}
+    samples = [int(numbers.pop(k)) for k in list(numbers) if k.split(",")[0] == "sample_len"]
     names = [k.split(",")[0] for k in numbers]
-    return {(k.split(",")[0] if names.count(k.split(",")[0]) == 1 else k): v for k, v in numbers.items()}
+    cleaned = {(k.split(",")[0] if names.count(k.split(",")[0]) == 1 else k): v for k, v in numbers.items()}
+    return cleaned | ({"samples": samples[0]} if samples else {})
 
 
 def _record(path: Path, results: dict[str, Any]) -> str | None:
