@@ -136,9 +136,15 @@ def test_data_tokenizer_other_than_the_models_is_refused_naming_both(tmp_path, h
 def test_a_model_vocabulary_smaller_than_its_tokenizers_names_the_fix_for_an_import(tmp_path, hf_tok):
     """model.vocab_size does not apply to an import (its config.json is the model)."""
     model_dir = llama(tmp_path / "hf", hf_tok, vocab_size=280)
-    with pytest.raises(ConfigError, match=r"vocab_size 280 in its config.json.*resize_token_embeddings\(300\)") as exc:
+    with pytest.raises(
+        ConfigError,
+        match=r"train.init_from: the model at .* has vocab_size 280 in its config.json.*resize_token_embeddings\(300\)",
+    ) as exc:
         finetune(tmp_path, model_dir)
     assert "set it to 0" not in str(exc.value)
+    # `trimtab eval` of it: the same words, not torch's "IndexError: index out of range in self" at its first forward
+    with pytest.raises(ConfigError, match=r"the model at .* has vocab_size 280 .*resize_token_embeddings\(300\)"):
+        api.load_run_at(model_dir)
 
 
 # ---- the tokenizer fingerprint --------------------------------------------------------------

@@ -236,10 +236,13 @@ def load_run_at(
                 "model; --set changes a trimtab run directory's config.yaml: drop it, or edit config.json"
             )
         model, _ = hf.import_model(run_dir)
+        tok = hf.load_tokenizer(run_dir)
+        if tok.id_limit > model.cfg.vocab_size:
+            raise ConfigError(hf.too_few_embeddings(run_dir, model.cfg.vocab_size, tok.id_limit))
         seq_len = min(DataConfig().seq_len, model.cfg.max_seq_len)  # a valid config to write out (merge)
         cfg = resolve({"model": asdict(model.cfg), "out": str(run_dir), "data": {"seq_len": seq_len}})
         cfg = derive(cfg, set_changes(sets)) if sets else cfg
-        return cfg, model, hf.load_tokenizer(run_dir), None
+        return cfg, model, tok, None
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(
             f"'{run_dir}' is neither a run directory (no config.yaml) nor a Hugging Face model directory "

@@ -338,6 +338,17 @@ def load_tokenizer(path: str | Path) -> TextTokenizer:
     return TextTokenizer.load(path / "tokenizer.json", key=f"the tokenizer of {path}", fix=fix)
 
 
+def too_few_embeddings(path: str | Path, vocab: int, tokens: int) -> str:
+    """The error of a model at `path` whose config.json vocab_size is under its tokenizer's vocabulary: ids from
+    vocab_size up index no embedding (`trimtab eval` of such a directory ended in torch's "IndexError: index out
+    of range in self" at its first forward)."""
+    return (
+        f"the model at {path} has vocab_size {vocab} in its config.json, smaller than its tokenizer's vocabulary "
+        f"({tokens}): ids from {vocab} up have no embedding; use the tokenizer the model was trained with, or grow "
+        f"its embeddings in transformers (model.resize_token_embeddings({tokens}), then save_pretrained)"
+    )
+
+
 def read_source(run_dir: str | Path, fix: str) -> dict[str, Any] | None:
     """RUN_DIR/hf_source.json (source_record), None for a run not imported from Hugging Face; a
     damaged one (a disk fault) is refused naming it and `fix`."""

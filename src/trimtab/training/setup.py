@@ -77,12 +77,7 @@ def _vocab_too_small(cfg: RunConfig, tokens: int) -> str:
     imported model's vocab_size is its config.json's (adopt_hf_model), not model.vocab_size's."""
     vocab, model_dir = cfg.model.vocab_size, cfg.train.init_from
     if model_dir and (hf.is_hf_dir(model_dir) or (cfg.run_dir / SOURCE).is_file()):
-        return (
-            f"train.init_from's model ({model_dir}) has vocab_size {vocab} in its config.json, smaller than its "
-            f"tokenizer's vocabulary ({tokens}): ids from {vocab} up have no embedding; use the tokenizer the "
-            f"model was trained with, or grow its embeddings in transformers (model.resize_token_embeddings({tokens})"
-            ", then save_pretrained)"
-        )
+        return f"train.init_from: {hf.too_few_embeddings(model_dir, vocab, tokens)}"
     return (
         f"config key 'model.vocab_size' ({vocab}) is smaller than the tokenizer's vocabulary ({tokens}); "
         "set it to 0 to follow the tokenizer"
