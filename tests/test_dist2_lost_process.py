@@ -1,7 +1,7 @@
 """A run of one process killed from outside (SIGKILL, the OOM killer, a preemption without notice)
 and started again: the restart's evidence says the process was lost, not that a rank of a job was
 (`lost_rank` says the other ranks' collectives failed with it; a session of one has no others). One that failed with
-a Python error wrote its exit record (watchdog.NoWatchdog): a crash, with its error."""
+a Python error wrote its exit record (watchdogs.NoWatchdog): a crash, with its error."""
 
 import time
 from types import SimpleNamespace

@@ -24,7 +24,8 @@ from trimtab.cli_train import _peer_lost_exit, _peer_was_lost
 from trimtab.config import load_config
 from trimtab.orchestrator import core
 from trimtab.resilience.elastic import SESSION_ENV
-from trimtab.resilience.watchdog import NoWatchdog, Watchdog
+from trimtab.resilience.watchdog import Watchdog
+from trimtab.resilience.watchdogs import NoWatchdog
 from trimtab.rundir import read_metrics
 from trimtab.training import emergency
 from trimtab.training.emergency import EmergencySave, emergency_resume_line, every_ranks_rng, peer_lost

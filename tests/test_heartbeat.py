@@ -242,7 +242,7 @@ import torch.distributed as dist
 from trimtab.config.resilience import ResilienceConfig
 from trimtab.distributed.group import heartbeat_store
 from trimtab.resilience.elastic import name_session
-from trimtab.resilience.watchdog import make_watchdog
+from trimtab.resilience.watchdogs import make_watchdog
 
 dist.init_process_group("gloo")
 name_session("s1")

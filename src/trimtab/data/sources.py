@@ -313,9 +313,7 @@ class _Reader:
         self.skipped_where += where[: max(0, SHOWN - len(self.skipped_where))]
 
     def _unreadable(self, exc: formats.Unreadable) -> None:
-        self.n_undecodable += 1
-        # the whole message, its fix with it: cut at "; " the line named a cp1252 file "not UTF-8 text at line 1
-        # (invalid continuation byte)" and no iconv command
+        self.n_undecodable += 1  # the first one's whole message: cut at "; " it lost the fix (the iconv command)
         self.undecodable_example = self.undecodable_example or str(exc)
 
 

@@ -139,7 +139,7 @@ def localize(run_dir: Path, since: float, archive_as: str, world: int = 0) -> di
     elif silent:
         evidence.update(kind="lost_rank", ranks_to_blame=silent)
         evidence.update(_lost_nodes(ranks, silent))
-    elif ranks:  # one process alone too: its exit record is its error's (watchdog.NoWatchdog)
+    elif ranks:  # one process alone too: its exit record is its error's (watchdogs.NoWatchdog)
         first = min(ranks.values(), key=lambda r: r["time"])
         evidence.update(kind="crash", ranks_to_blame=[first["rank"]] if world != 1 else [], error=first.get("exit"))
     else:  # no watchdog ran (resilience.watchdog off): nothing tells a lost rank from the whole job lost

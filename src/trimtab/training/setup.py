@@ -40,7 +40,8 @@ from trimtab.model import Transformer, build_model
 from trimtab.model.meta import build_on_meta
 from trimtab.peaks import peak_flops
 from trimtab.resilience.elastic import name_session
-from trimtab.resilience.watchdog import Watchdog, make_watchdog
+from trimtab.resilience.watchdog import Watchdog
+from trimtab.resilience.watchdogs import make_watchdog
 from trimtab.rundir import CONFIG, write_atomic, write_json
 from trimtab.storage import is_url
 from trimtab.training.changes import TRAINED, checkpoint_config
