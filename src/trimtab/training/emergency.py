@@ -47,6 +47,7 @@ from trimtab.rl.preference import PairLoader
 from trimtab.rundir import LOCK
 from trimtab.runlock import exit_lost, lock_lost
 from trimtab.training.runtime import rng_state
+from trimtab.training.services.storage import RemoteCheckpoints
 
 # gloo's and NCCL's words for a peer that went away (gloo raises a plain RuntimeError, NCCL a DistBackendError)
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL")
@@ -63,6 +64,11 @@ SAID = "trimtab_said"
 # how a survivor's line ends: what a person does next (cli_train.py ends a survivor's exit line with it too)
 UPDATING = "the optimizer's update had begun: the weights are no completed step's"
 NEXT = "torchrun restarts the job from {} (--max-restarts), or the same command resumes it"
+# how long after the loss is caught a survivor with checkpoint.dir may spend on the emergency save, the upload in
+# flight and the save's upload before it ends (the exit cuts an upload's thread): torchrun's agent SIGTERMs the
+# survivors as it sees the rank gone and SIGKILLs them 30 s later, and 10 s are left for the agent's delay in
+# seeing it (its monitor interval) and the process's exit (the process groups' teardown)
+UPLOAD_BY_S = 20.0
 
 
 def next_words(where: str) -> str:
@@ -134,6 +140,7 @@ class EmergencySave:
     # torchrun's agent then sends the survivors is its consequence (training/services/signals.py says so)
     peer_lost_as: str | None = None
     _said = False  # this survivor claimed the step and said a line for it (_say)
+    _written: Path | None = None  # the emergency save this rank wrote (_upload_before_exit uploads it)
     _unmarked = UPDATING  # why no step is marked (_step_start None) where one was: said by _refuse
 
     def emergency_save_possible(self) -> str | None:
@@ -208,9 +215,11 @@ class EmergencySave:
             yield
         except RuntimeError as exc:
             if peer_lost(exc):
+                began = time.monotonic()
                 self.peer_lost_as = lost_words(exc)
                 self.watchdog.loss_known = True  # its heartbeat must not end the save below for the same loss
                 self.emergency_save(exc)
+                self._upload_before_exit(began)
                 if self._said:
                     setattr(exc, SAID, True)
             raise
@@ -244,7 +253,7 @@ class EmergencySave:
         first = lost_words(exc)
         started = time.perf_counter()
         try:
-            self._write_emergency(step, data, rng, first)
+            self._written = self._write_emergency(step, data, rng, first)
         except OSError as err:
             self._say(
                 f"step {step}: a peer was lost ({first}); the emergency save failed ({err}): the restart resumes "
@@ -260,7 +269,7 @@ class EmergencySave:
         self.last_saved = step
         return True
 
-    def _write_emergency(self, step: int, data: dict[str, Any], rng: dict[str, Any], first: str) -> None:
+    def _write_emergency(self, step: int, data: dict[str, Any], rng: dict[str, Any], first: str) -> Path:
         """Save `step`'s checkpoint from this rank alone: the step's start, held by mark_step_start."""
         # never a rollback target: whether weights are good is the hooks' call, and the orchestrator's may
         # score a held-out probe averaged over the ranks (a collective: with NCCL it would wait for the dead
@@ -276,7 +285,34 @@ class EmergencySave:
             **self._gate_tables(),  # the row gate's tables, restored to the step's start (emergency_save)
         }
         keep, protected = self.cfg.checkpoint.keep, self._protected()
-        save_checkpoint(self.cfg.run_dir, step, self.model.state_dict(), optim, state, keep, protected)
+        return save_checkpoint(self.cfg.run_dir, step, self.model.state_dict(), optim, state, keep, protected)
+
+    def _upload_before_exit(self, began: float) -> None:
+        """checkpoint.dir: rank 0's RemoteCheckpoints hook finishes the upload in flight and uploads the emergency
+        save written here, within UPLOAD_BY_S of `began` (the loss caught), and says what the store holds. Before,
+        the exit (the CLI's, or the watchdog's os._exit) cut the one in flight and the save was never uploaded: a
+        restart on a fresh machine resumed up to checkpoint.every steps before it."""
+        store = next((h for h in self.hooks if isinstance(h, RemoteCheckpoints)), None)
+        if store is None:
+            if self._written is not None and self.cfg.checkpoint.dir:
+                self._say_store(
+                    f"{self._written.name} (the emergency save) not uploaded to checkpoint.dir: rank 0 uploads there, "
+                    "and was lost; the restart resumes from the run directory's copy"
+                )
+            return
+        # the exit record names the last completed step; the wait, a save's, is under the checkpoint section's timeout
+        self.watchdog.beat("checkpoint", self.state.step)
+        line = store.upload_before_exit(self._written, began, UPLOAD_BY_S)
+        if line:
+            self._say_store(line)
+
+    def _say_store(self, line: str) -> None:
+        """A line of what checkpoint.dir holds at a survivor's exit: rank 0's console, else this rank's stderr. Not
+        the loss's one line (_say): the CLI's exit line still comes where no save's line was said."""
+        if self.dist.is_main:
+            self.say(line)
+        else:
+            print(f"trimtab: rank {self.dist.rank}: {line}", file=sys.stderr, flush=True)
 
     def _unsaved(self, start: tuple[int, dict[str, Any], dict[str, Any], Any] | None) -> str | None:
         """Why the state at hand is no completed step's to save now (None: it is `start`'s). Said by _refuse: a

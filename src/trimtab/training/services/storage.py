@@ -245,6 +245,7 @@ class RemoteCheckpoints(Hook):
         self._uploading = ""  # the checkpoint the thread uploads
         self._current = False  # the store holds this session's newest checkpoint, uploaded whole
         self._taken = False  # another process took the prefix over (StoreTakenError): no more uploads
+        self._error = ""  # the last upload's failure in words (_failed): said by upload_before_exit
 
     def on_save_stall(self, run: RunView) -> None:
         """The next save waits here for the upload in flight, inside the save's own time, so the
@@ -255,22 +256,77 @@ class RemoteCheckpoints(Hook):
 
     def on_checkpoint(self, run: RunView, path: Path) -> None:
         self.wait()
+        self._start(Path(path), AT_CHECKPOINT)
+
+    def _start(self, path: Path | None, names: tuple[str, ...]) -> None:
+        """The upload of checkpoint `path` (None: of the record alone) and then of the record files `names`, as they
+        are now, started in a thread of its own."""
         if self._taken:
             return
-        self._current = False  # until this checkpoint's upload ends whole
-        path = Path(path)
-        if not path.is_dir():  # pruned already when a background save is collected late: nothing to copy
-            return
+        self._error = ""
+        name = path.name if path is not None else "record"
+        if path is not None:
+            self._current = False  # until this checkpoint's upload ends whole
+            if not path.is_dir():  # pruned already when a background save is collected late: nothing to copy
+                return
         try:
-            links = _link(path, self.staging / path.name)
-            records = _copy_records(self.run_dir, self.staging / f"{path.name}.run")  # as they are at this step
+            links = _link(path, self.staging / path.name) if path is not None else None
+            records = _copy_records(self.run_dir, self.staging / f"{name}.run", names)  # as they are at this step
         except OSError as exc:
-            self._failed(path.name, exc)
+            self._failed(name, exc)
             return
-        args = (links, records)
-        self._uploading = path.name
-        self._thread = threading.Thread(target=self._upload, args=args, name=f"upload-{path.name}", daemon=True)
+        self._uploading = name
+        args = (links, records, names)
+        self._thread = threading.Thread(target=self._upload, args=args, name=f"upload-{name}", daemon=True)
         self._thread.start()
+
+    def upload_before_exit(self, path: Path | None, began: float, bound_s: float) -> str:
+        """The process ends next (a peer lost: training/emergency.py), which cuts an upload's thread (a daemon):
+        the upload in flight finished, then `path` (an emergency save written here; None: none) uploaded with the
+        whole record, its step mark too (the session ends at that step: a fresh machine's restart says how far it
+        got exactly), or, None, the record alone where the store holds this session's newest checkpoint; each
+        waited for until `bound_s` after `began` (time.monotonic()). What the store holds, in one line (empty:
+        nothing to say)."""
+        flight, url = self._uploading if self._thread is not None else "", self.remote.url
+        if not self._joined(began + bound_s):
+            named = f"{path.name} (the emergency save) not uploaded, and " if path is not None else ""
+            return (
+                f"{named}the upload of {flight} to {url} was still running {bound_s:.0f} s after the loss: cut at "
+                "the exit (a step_N/ without state.json, never resumed from); the restart resumes from the run "
+                "directory's checkpoint, a fresh machine from the store's newest whole one"
+            )
+        if path is not None:
+            return self._emergency_upload(path, began, bound_s)
+        if self._current:  # else the last upload failed: the record would run past the store's newest checkpoint
+            self._start(None, UPDATED)
+            self._joined(began + bound_s)
+        return f"the upload of {flight} to {url} finished before the exit" if flight and self._current else ""
+
+    def _emergency_upload(self, path: Path, began: float, bound_s: float) -> str:
+        """upload_before_exit's upload of emergency save `path`, in words."""
+        url = self.remote.url
+        if self._taken:
+            why = "this run's uploads there stopped: another process took the prefix over"
+        else:
+            self._start(path, UPDATED)
+            if self._joined(began + bound_s) and self._current:
+                seconds = time.monotonic() - began
+                return f"{path.name} (the emergency save) uploaded to {url}, {seconds:.1f} s after the loss"
+            cut = f"still uploading {bound_s:.0f} s after the loss: cut at the exit"
+            why = cut if self._thread else self._error or "its files were gone from the run directory"
+        return (
+            f"{path.name} (the emergency save) not uploaded to {url} ({why}); the restart resumes from the run "
+            "directory's copy, a fresh machine from the store's newest whole checkpoint"
+        )
+
+    def _joined(self, deadline: float) -> bool:
+        """Whether the upload in flight, if any, ended by `deadline` (time.monotonic())."""
+        if self._thread is not None:
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+            if self._thread.is_alive():
+                return False
+            self._thread = None
+        return True
 
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
         """The last upload finished; a final checkpoint set aside after its upload (rolled_back/)
@@ -333,21 +389,26 @@ class RemoteCheckpoints(Hook):
             log.warning("the upload of %s held training %.0f s", where, time.monotonic() - started)
         self._thread = None
 
-    def _upload(self, links: Path, records: Path) -> None:
+    def _upload(self, links: Path | None, records: Path, names: tuple[str, ...]) -> None:
+        """`links` (a checkpoint's; None: the record alone), then the record files `names` from `records`."""
         try:
-            held = tuple(name for name in RUN_FILES if (self.run_dir / name).is_file())
-            self.remote.put_run_files(self.run_dir, self.remote.lacks(held))  # the first, or the store lost them
-            self.remote.upload(links)
-            self.remote.put_run_files(records, AT_CHECKPOINT)  # after the checkpoint they lead up to
-            self._retain()
-            self._current = True
+            if links is not None:
+                held = tuple(name for name in RUN_FILES if (self.run_dir / name).is_file())
+                self.remote.put_run_files(self.run_dir, self.remote.lacks(held))  # the first, or the store lost them
+                self.remote.upload(links)
+            self.remote.put_run_files(records, names)  # after the checkpoint they lead up to
+            if links is not None:
+                self._retain()
+                self._current = True
         except Exception as exc:  # a network or store failure: the local checkpoint stands
-            self._failed(links.name, exc)
+            self._failed(links.name if links is not None else "the run's record", exc)
         finally:
-            shutil.rmtree(links, ignore_errors=True)
+            if links is not None:
+                shutil.rmtree(links, ignore_errors=True)
             shutil.rmtree(records, ignore_errors=True)
 
     def _failed(self, name: str, exc: BaseException) -> None:
+        self._error = f"{type(exc).__name__}: {redact(exc)}"
         if isinstance(exc, StoreTakenError):
             self._taken = True
             log.warning(
@@ -385,12 +446,12 @@ def _link(source: Path, target: Path) -> Path:
     return target
 
 
-def _copy_records(run_dir: Path, target: Path) -> Path:
-    """`target` holding copies of the run's record files and config.yaml (AT_CHECKPOINT) as they are
-    now: they are appended to and rewritten in place while the upload reads them."""
+def _copy_records(run_dir: Path, target: Path, names: tuple[str, ...] = AT_CHECKPOINT) -> Path:
+    """`target` holding copies of the run's record files and config.yaml (`names`) as they are now: they
+    are appended to and rewritten in place while the upload reads them."""
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
-    for name in AT_CHECKPOINT:
+    for name in names:
         if (run_dir / name).is_file():
             shutil.copy2(run_dir / name, target / name)
     return target
