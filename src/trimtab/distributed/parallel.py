@@ -290,10 +290,13 @@ class Parallel(Checkpoints):
     def on_signal(self, name: str) -> str:
         """SIGTERM / SIGINT: stop now in one process; under torchrun the ranks see signals at
         different steps, so the stop waits for the next agree() (the returned reason is then '')."""
-        if self.world == 1:
-            return name
-        self._signal = self._signal or signal.Signals[name].value
-        return ""
+        self._signal = self._signal or signal.Signals[name].value  # an evaluation under way reads it (signalled)
+        return name if self.world == 1 else ""
+
+    def signalled(self) -> str:
+        """The stop signal this rank received, not yet agreed ('' if none): an evaluation under way gives way
+        to the stop's save (training/evaluation.py sharded_loss)."""
+        return signal.Signals(self._signal).name if self._signal else ""
 
     def reduce_step(
         self, loss: torch.Tensor, aux: torch.Tensor | None, routers: Any, model: nn.Module, rows: Any = None

@@ -215,7 +215,7 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
                 self.decide(run, f)
 
     def on_eval_error(self, run: RunView, step: int, error: str) -> None:
-        if self.mode != "off":
+        if self.mode != "off" and not run.stopping:  # one left off for a stop's save is no fault
             self.decide(run, eval_failure(step, error))
 
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:

@@ -60,6 +60,8 @@ def sharded_loss(t: Trainer, micro_batches: list[MicroBatch], timeout: float) ->
             error = error_line(exc)
         if timeout and not error and time.monotonic() - start > timeout:
             error = f"timed out after {time.monotonic() - start:.0f}s (train.eval_timeout={timeout:g})"
+        if not error and (stop := t.dist.signalled()):  # a preemption's grace is for the save, not the evaluation
+            error = f"{stop}: left off for the stop's save"
         if error := t.dist.first_error(error):
             return [], f"{error} after {i + 1} of {rounds} micro-batches"
     return t.dist.sum_over_ranks(sums).T.tolist(), ""

@@ -413,7 +413,7 @@ class ConsoleLogger(Hook):
         self.write(f"eval step {metrics['step']}{again}: {figures}")
 
     def on_eval_error(self, run: RunView, step: int, error: str) -> None:
-        self.write(f"eval step {step} abandoned ({error}); training goes on")
+        self.write(f"eval step {step} abandoned ({error}){'' if run.stopping else '; training goes on'}")
 
     def on_train_end(self, run: RunView, summary: dict[str, Any]) -> None:
         self._flush(run)

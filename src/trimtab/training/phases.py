@@ -34,6 +34,8 @@ class Phases:
             if not error:
                 break
             self._call("on_eval_error", self.state.step, error)
+            if self.dist.signalled():  # left off for a stop's save (evaluation.py): not tried again
+                break
         if not figures:
             return {}
         self.last_eval = {"step": self.state.step, "phase": self.phases[self.state.phase].name, **figures}
