@@ -24,9 +24,10 @@ def test_a_resumed_run_keeps_the_checkpoint_of_its_best_evaluation_before_the_re
             )
         )
 
-    session(["sigterm@4"])
-    # the second session's weights are ruined at step 5: every evaluation after is worse than step 4's
-    assert session(["sigterm@4", "weights_noise@5:10"])["status"] == "completed"
+    # stopped after step 5, past step 4's evaluation (a stop signal leaves an evaluation under way off for its save)
+    session(["sigterm@5"])
+    # the second session's weights are ruined at step 6: every evaluation after is worse than step 4's
+    assert session(["sigterm@5", "weights_noise@6:10"])["status"] == "completed"
     evals = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
     val = {m["step"]: m["val_loss"] for m in evals if "val_loss" in m}
     assert min(val, key=val.get) == 4 and val[8] > val[4], val
