@@ -64,7 +64,9 @@ CORPUS_WORDS = 100_000  # words a reference (a run's corpus, a prepare sample) n
 # too weak alone. A smaller source's spellings are still judged (scrambled words), and its word order by a stricter
 # rule, measured in docs/data.md (junk):
 SMALL_WORDS = 5_000  # under CORPUS_WORDS (down to these), a document is word salad only when all four agree:
-SMALL_BITS = 0.7  # its bits are under this (salad of a small source's own words: -0.35-0.5, a few to 1.3);
+SMALL_BITS = 0.4  # its bits, smoothed by each word's followers (bigrams.prior), are under this (0.7 before them: a
+# stdlib docstring scored 0.68), chosen on a tuning half of real text split by source file; on the other, real pieces
+# named 2 -> 0 of 13,274, salad 789 -> 828 of 1,325 (bench/junk_calibration.py, docs/data.md);
 ANTI_ORDER = -0.5  # above this (far under 0, its adjacent words avoid each other: "key: value" lines, an order);
 SMALL_KNOWN = 0.1  # the reference holds this share of its distant pairs (KNOWN_PAIRS; salad: 0.03-0.3, as its
 # source's real pages); and its own repeated word pairs do not put it in order (word_order.ordered)
@@ -295,11 +297,13 @@ def _word_order(
     member: np.ndarray, small: bool,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """(bits [D], scored [D]): each document's word salad statistic (bigrams.salad_bits_of_ids), judged in its
-    pieces (`cut`: their words) and averaged over their scored pairs; under the small-source rule, a piece in an
-    order of its own (word_order.ordered) or avoiding its pairs (ANTI_ORDER) is not scored."""
+    pieces (`cut`: their words) and averaged over their scored pairs; under the small-source rule, smoothed by each
+    word's followers (bigrams.prior), a piece in an order of its own (word_order.ordered) or avoiding its pairs
+    (ANTI_ORDER) is not scored."""
     owner = np.repeat(np.arange(len(texts)), piece_counts(doc_lengths(tokens)))
     apart = np.concatenate([spaced(t) for t in texts]) if texts else np.zeros(0, dtype=bool)
-    bits, scored = salad_bits_of_ids(ids, cut, reference, member[owner], apart, SMALL_KNOWN if small else KNOWN_PAIRS)
+    known = SMALL_KNOWN if small else KNOWN_PAIRS
+    bits, scored = salad_bits_of_ids(ids, cut, reference, member[owner], apart, known, followers=small)
     if small:  # the small-source rule (SMALL_WORDS): not named where its bits or its own repeats say order
         named = np.flatnonzero((scored >= MIN_PAIRS) & (bits < SMALL_BITS))
         flat, starts = [w for ws in tokens for w in ws], np.concatenate([[0], np.cumsum(cut)])
