@@ -2,7 +2,7 @@
 ~25 of their shuffled words (a raw run with data.max_bytes=400000) scored 0.68 bits under the small-source bar of 0.7
 (junk.SMALL_BITS) and was named word salad: an unseen pair after a frequent word cost that word's whole count
 (bigrams.prior, a fixed 2 then). The small-source rule now smooths by the word's distinct followers (Witten and
-Bell 1991), its bar chosen on a tuning half of real text split by source file (bench/junk_calibration.py)."""
+Bell 1991), its bar chosen on a tuning half of real text split by source file (bench/junk_bars.py)."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def test_an_unseen_pair_after_a_frequent_word_costs_little_in_a_reference_that_h
     """A reference where "the" came before 400 different words, each once: a document of "the" before 50 words never
     seen after it. Before: each such pair -7.6 bits (a fixed prior of 2 against its count of 400); after: -1 bit
     (400 followers of 800), so a real document's new pairs do not sink it under the bar. The full rule (100K words
-    or more) keeps the fixed prior: measured no better there (bench/junk_calibration.md)."""
+    or more) keeps the fixed prior: measured no better there (bench/junk_bars.md)."""
     nouns = [f"noun{chr(97 + i // 26)}{chr(97 + i % 26)}" for i in range(450)]
     ref_docs = [["the", n] for n in nouns[:400]] + [[n, "is"] for n in nouns]
     reference = bigrams.Bigrams.of(ref_docs, [" ".join(d) for d in ref_docs])
@@ -92,9 +92,9 @@ def test_the_full_rule_keeps_the_fixed_prior():
 
 @pytest.mark.slow  # about a minute: real text of this machine judged twice per draw
 def test_the_calibration_harness_runs_in_its_quick_mode(tmp_path):
-    """bench/junk_calibration.py --quick: its report holds the held-out table of the variants."""
+    """bench/junk_bars.py --quick: its report holds the held-out table of the variants."""
     out = tmp_path / "calibration.md"
-    script = Path(__file__).resolve().parent.parent / "bench" / "junk_calibration.py"
+    script = Path(__file__).resolve().parent.parent / "bench" / "junk_bars.py"
     done = subprocess.run([sys.executable, str(script), "--quick", "--out", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| real named: before | after | both |" in out.read_text()

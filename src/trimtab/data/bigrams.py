@@ -206,7 +206,7 @@ def prior(c: _Counts, a: np.ndarray, d: np.ndarray, followers: bool) -> np.ndarr
     a language's pairs: a stdlib docstring (unittest.TestResult's) scored 0.68 bits beside 62K words of docstrings,
     under the small-source bar of 0.7 then (junk.SMALL_BITS), 0.90 by its followers. Against 100K words or more
     (the full rule) they named 19 -> 17 of 20,018 held-out real pieces and no more salad: PRIOR kept there
-    (bench/junk_calibration.md, docs/data.md)."""
+    (bench/junk_bars.md, docs/data.md)."""
     if not followers:
         return PRIOR
     held, own_keys, own_counts = c.followers

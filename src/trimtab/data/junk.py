@@ -66,7 +66,7 @@ CORPUS_WORDS = 100_000  # words a reference (a run's corpus, a prepare sample) n
 SMALL_WORDS = 5_000  # under CORPUS_WORDS (down to these), a document is word salad only when all four agree:
 SMALL_BITS = 0.4  # its bits, smoothed by each word's followers (bigrams.prior), are under this (0.7 before them: a
 # stdlib docstring scored 0.68), chosen on a tuning half of real text split by source file; on the other, real pieces
-# named 2 -> 0 of 13,274, salad 789 -> 828 of 1,325 (bench/junk_calibration.py, docs/data.md);
+# named 2 -> 0 of 13,274, salad 789 -> 828 of 1,325 (bench/junk_bars.py, docs/data.md);
 ANTI_ORDER = -0.5  # above this (far under 0, its adjacent words avoid each other: "key: value" lines, an order);
 SMALL_KNOWN = 0.1  # the reference holds this share of its distant pairs (KNOWN_PAIRS; salad: 0.03-0.3, as its
 # source's real pages); and its own repeated word pairs do not put it in order (word_order.ordered)

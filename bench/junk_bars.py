@@ -1,6 +1,6 @@
 """The word-salad bars (data/junk.py SMALL_BITS, SALAD_BITS) calibrated on real text split by source file.
 
-    python bench/junk_calibration.py [--quick] [--draws 3] [--seed 0] [--out bench/junk_calibration.md]
+    python bench/junk_bars.py [--quick] [--draws 3] [--seed 0] [--out bench/junk_bars.md]
 
 Real text read offline from this machine, each source's files (its units) split by a seeded hash into a tuning
 half and a held-out half: stdlib docstrings (a unit: a module's file), stdlib code, docs/*.md, licences
@@ -254,7 +254,7 @@ def report(rows: list[dict], seed: int, draws: int, quick: bool) -> str:
     chosen = {v: {rule: choose(rows, rule, v) for rule in RULES} for v in ("after", "both")}
     bars = {"before": OLD, "after": {"small": chosen["after"]["small"], "full": code["full"]}, "both": chosen["both"]}
     lines = [
-        f"# Word-salad bars (`bench/junk_calibration.py{' --quick' if quick else ''}`, seed {seed}, {draws} draw(s))",
+        f"# Word-salad bars (`bench/junk_bars.py{' --quick' if quick else ''}`, seed {seed}, {draws} draw(s))",
         "",
         f"Measured {time.strftime('%Y-%m-%d')} on this machine's own text (Python {sys.version.split()[0]}).",
         "",
@@ -287,7 +287,7 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sources", default="", help="comma-separated sources (default: all)")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "junk_calibration.md"), help="'-': print only")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "junk_bars.md"), help="'-': print only")
     args = ap.parse_args()
     sizes, draws = (QUICK_SIZES, 1) if args.quick else (SIZES, args.draws)
     rows = measure(args.seed, sizes, draws, set(filter(None, args.sources.split(","))))
