@@ -21,14 +21,6 @@ class SpikeRule(Section):
     min_rise)."""
 
     enabled: bool = True
-    # healthy steps; once min_samples of them follow the phase's LR warm-up (the steps its scheduled LR
-    # rose), the line is fitted from the warm-up's last step on: the warm-up's bend is no line in
-    # log(step) and inflated the residuals. The bar over the clean loss at steps 20-30, median of 24
-    # fault-free 120-step runs (debug, debug-moe, debug-mod, debug-hybrid; seeds 0-5): 0.60-0.71 ->
-    # 0.23-0.30 nats, at 40-50 0.77-0.84 -> 0.48 (a window past the warm-up by 60). Still no finding on
-    # those runs (the closest step used 81% of the allowed rise, 79% before); debug-moe 40 steps,
-    # weights_noise@25:2 (4.79 -> 5.44): missed under 5.654, val 4.978; caught under 5.017, 4.820 = clean.
-    # debug-hybrid weights_noise@25:2 and @40:2 (120 steps): missed -> caught, +4.3% / +4.7% -> +0.0%
     window: int = 50
     # silent until the window holds this many steps: 10 is enough for the trend and catches bad
     # data that starts in the warm-up (clean runs of every debug preset, 3 seeds: no finding)
