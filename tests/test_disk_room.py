@@ -6,31 +6,12 @@ import shutil
 from collections import namedtuple
 
 import trimtab
+from test_disk_incident_resume import _cfg, _disk  # the same runs: a debug run saving every 2 steps
 from trimtab.checkpoint import list_checkpoints
-from trimtab.config import load_config, merge
 from trimtab.report.page import _outcome
 from trimtab.report.runs import run_row
-from trimtab.rundir import read_decisions
 
 Usage = namedtuple("Usage", "total used free")
-
-
-def _cfg(out, steps, faults, every=2):
-    base = {
-        "out": str(out),
-        "train": {"max_steps": steps, "eval_every": 0, "log_every": 2, "batch_tokens": 1024, "eval_tokens": 1024}
-        | {"precision": "fp32"},
-        "data": {"max_bytes": 150_000},
-        "checkpoint": {"every": every, "keep": 3},
-        "log": {"progress": False, "tensorboard": False, "report": False},
-        "faults": list(faults),
-        "orchestrator": {"throughput": {"enabled": False}, "checkpoint_interval": {"enabled": False}},
-    }
-    return load_config(preset="debug", overrides=merge(base, {}))
-
-
-def _disk(out):
-    return [d for d in read_decisions(out, abandoned=True) if d["rule"] == "disk"]
 
 
 def _full(monkeypatch):
