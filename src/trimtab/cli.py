@@ -122,6 +122,7 @@ def _export(args: argparse.Namespace) -> int:
     arg("--split", choices=["held-out", "all"], default="held-out", help="--data DIR's rows: held-out split or all"),
     arg("--held-out", action="store_true", help="the run's own held-out rows: val_loss, and per mixture source"),
     arg("--stride", type=number(int, 1), help="--data window advance in tokens (default: the whole context)"),
+    arg("--out", metavar="DIR", help="the results' folder (default: RUN/eval; a Hugging Face directory's ./eval/NAME)"),
     SET,  # train's, over the run's config.yaml (e.g. model.max_seq_len with model.rope_scaling)
 )
 def _eval(args: argparse.Namespace) -> int:
@@ -140,6 +141,7 @@ def _eval(args: argparse.Namespace) -> int:
         sets=args.set,
         held_out=args.held_out,
         split=args.split,
+        out=args.out,
     )
     for key in ("prepared", "held_out"):  # val_loss, and val_loss/NAME per source of a mixture
         if key in results:
@@ -157,8 +159,8 @@ def _eval(args: argparse.Namespace) -> int:
         print(f"{task}{n}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k not in ("alias", "samples")))
     if "not_recorded" in results:  # a read-only model directory: the scores above are all there is
         print(f"results not recorded ({results['not_recorded']})")
-    else:
-        print(f"results in {results['model']}/eval/")  # a run in object storage: its cached copy
+    else:  # a run in object storage: its cached copy; a Hugging Face directory: not in it (harness.results_folder)
+        print(f"results in {results['recorded_in']}/")
     return 0
 
 

@@ -1,9 +1,11 @@
 """`trimtab eval PATH`: a run's newest weights or a Hugging Face directory, scored on a text file
-(--data) and/or lm-evaluation-harness tasks (--tasks); results written beside the model.
+(--data) and/or lm-evaluation-harness tasks (--tasks); results written beside a run, never into
+a Hugging Face directory (results_folder).
 
-    PATH/eval/<time>[_N].json what was evaluated (checkpoint step, tasks, limit, versions) and
-                              the results (lm-eval's per-task metrics, the file's perplexity)
-    PATH/summary.json "eval"  the latest results, merged in (a run directory's summary)
+    FOLDER/<time>[_N].json    what was evaluated (checkpoint step, tasks, limit, versions) and
+                              the results (lm-eval's per-task metrics, the file's perplexity);
+                              FOLDER: --out, else a run's PATH/eval, else ./eval/<PATH's name>
+    PATH/summary.json "eval"  the latest results, merged in (a run directory's, results in PATH/eval)
 
 lm-evaluation-harness is optional (`pip install -c constraints.txt -e '.[eval]'`); the tasks
 shipped in trimtab/evaluation/tasks (trimtab_tiny, _gen, _ppl) run offline. Its INFO log lines
@@ -33,6 +35,7 @@ from trimtab.errors import ConfigError, DataError
 from trimtab.evaluation.held_out import is_prepared, prepared_figures, run_held_out
 from trimtab.evaluation.perplexity import read_texts, score_text
 from trimtab.extras import installed, missing, require
+from trimtab.hf.importer import is_hf_dir
 from trimtab.rundir import CONFIG, read_summary, write_json, write_summary
 
 TASKS_DIR = Path(__file__).parent / "tasks"  # trimtab's own offline tasks
@@ -52,8 +55,10 @@ def evaluate(
     sets: Sequence[str] = (),
     held_out: bool = False,
     split: str = "held-out",
+    out: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Score the model at `path` and record the results (module docstring); returns them. `sets`: --set
+    """Score the model at `path` and record the results (module docstring; `out`: their folder);
+    returns them, with `recorded_in` (the folder) or `not_recorded` (why not) added. `sets`: --set
     items over a run directory's config (api.load_run_at). `held_out`: the run's own held-out rows;
     `split` (held-out or all): which rows of a prepared directory given as `data` (evaluation/held_out.py)."""
     if not tasks and not data and not held_out:
@@ -62,6 +67,7 @@ def evaluate(
         )
     manager = task_manager(tasks, include_path) if tasks else None  # before the model: a wrong name fails fast
     path = local_run(path, "trimtab eval's PATH")  # a run in object storage: its cached copy, where results go
+    folder = results_folder(path, out)  # before the model loads: a folder inside it is refused at once
     cfg, model, tok, step = load_run_at(path, sets)  # the step of the checkpoint scored (None: a Hugging Face model)
     results: dict[str, Any] = {"model": str(path), "step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     if sets:  # scored under other settings than the run's: the record says which
@@ -80,10 +86,31 @@ def evaluate(
     if tasks:
         results["tasks"] = run_tasks(model, tok, tasks, manager, limit, num_fewshot, batch_size)
         results["versions"] = {"lm_eval": metadata.version("lm_eval")}
-    problem = _record(path, results)
+    problem = _record(path, results, folder)
     if problem:
         results["not_recorded"] = problem
+    else:
+        results["recorded_in"] = str(folder)
     return results
+
+
+def results_folder(path: Path, out: str | Path | None) -> Path:
+    """Where evaluate records its results: `out`; a run directory's PATH/eval; for a Hugging Face
+    directory eval/<its name> in the current directory, as it is no run's and is uploaded to the Hub
+    as it is (its eval/ folder went up with the weights). The run an export came from is not known:
+    its trimtab_export.json does not name it. A Hugging Face directory that holds the current directory
+    is refused before its model loads: its results would land inside it."""
+    if out is not None:
+        return Path(out)
+    if not is_hf_dir(path):
+        return path / "eval"
+    folder = Path("eval") / path.resolve().name
+    if folder.resolve().is_relative_to(path.resolve()):
+        raise ConfigError(
+            f"trimtab eval {path}: its results would go to {folder.resolve()}, inside the Hugging Face model "
+            "directory, which stays as exported; pass --out DIR for them, or run from another directory"
+        )
+    return folder
 
 
 _TASK_LINE = re.compile(r"^(?:task|group|tag):\s*([\w.-]+)\s*$", re.MULTILINE)
@@ -301,16 +328,16 @@ def _clean(metrics: dict[str, Any]) -> dict[str, Any]:
     return cleaned | ({"samples": samples[0]} if samples else {})
 
 
-def _record(path: Path, results: dict[str, Any]) -> str | None:
-    """The results into PATH/eval/ (and a run's summary.json); why not where PATH cannot be written
-    (a read-only model directory, a full disk): the scores stand and are printed (an OSError
-    traceback lost an evaluation that may have taken hours)."""
-    folder, record = path / "eval", None
+def _record(path: Path, results: dict[str, Any], folder: Path | None = None) -> str | None:
+    """The results into `folder` (default PATH/eval/; and there, a run's summary.json); why not where
+    it cannot be written (a read-only directory, a full disk): the scores stand and are printed (an
+    OSError traceback lost an evaluation that may have taken hours)."""
+    folder, record = folder or path / "eval", None
     try:
-        folder.mkdir(exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
         record = _new_record(folder, results["time"].replace(":", ""))
         write_json(record, results)
-        if (path / CONFIG).is_file():  # a run directory: its summary carries the latest results
+        if folder == path / "eval" and (path / CONFIG).is_file():  # a run's summary carries its latest results
             write_summary(path, {**(read_summary(path) or {}), "eval": results})
     except OSError as exc:
         if record is not None and record.is_file() and not record.stat().st_size:
