@@ -25,7 +25,7 @@ def test_an_early_spike_is_withheld_by_the_update_gate(tmp_path):
     for step, loss in enumerate(WARM_UP, start=1):
         assert spike.observe(StepMetrics(step=step, loss=loss, grad_norm=1.0)) is None
     orchestrator.ceilings = orchestrator._gate_ceilings()  # as each read sets them (Orchestrator._read)
-    run = SimpleNamespace(applied_lr=1e-3, scheduled_lr=1e-3, lr_scale=1.0, phase=0)
+    run = SimpleNamespace(applied_lr=1e-3, scheduled_lr=1e-3, lr_scale=1.0, phase=0, mod_capacity=None)
     gate = lambda loss: bool(orchestrator.update_gate(run, torch.tensor(loss), torch.tensor(1.2)))  # noqa: E731
     assert gate(GARBAGE) and not gate(CLEAN[9])
     assert spike.ceiling() == float("inf") and spike.gate_ceiling() < GARBAGE

@@ -308,13 +308,19 @@ def rows_run(tmp_path, steps: int, max_bytes: int, fault: str, **orchestrator) -
 
 
 def test_thinly_spread_garbage_rows_are_named_and_left_out_through_the_loop(tmp_path):
-    """A quarter of two steps' rows turn to garbage for good (bad_rows): no step spikes, yet the
-    rows are named, at once where they are far out and on their next sighting otherwise, and no
-    clean row is (the corpus is repeated ~5 times, so every row is seen again)."""
+    """A quarter of two steps' rows turn to garbage for good (bad_rows): the rows are named, at once
+    where they are far out and on their next sighting otherwise, and no clean row is (the corpus is
+    repeated ~5 times, so every row is seen again). The loss of the two steps themselves rises over
+    the spike rule's bar fitted from the warm-up's end (their updates withheld), and a later step's
+    spike leaves some of them out too (rules spike, data): 18 of 18 left out, val 4.334 (4.401 with
+    the spike rule's old bar, every row by the rows rule)."""
+    from trimtab.rundir import read_decisions
+
     # the rows seen again: no step blamed at the first sighting (step_outliers over a step's 32 rows)
     poisoned, named = rows_run(tmp_path, 48, 60_000, "bad_rows@26:2", rows={"step_outliers": 33})
-    left_out = {r for d in named for r in d["params"]["rows"]}
+    left_out = {r for d in read_decisions(tmp_path / "r") for r in d["params"].get("rows", [])}
     assert len(poisoned) >= 8 and left_out <= poisoned and len(left_out) >= 0.75 * len(poisoned)
+    assert len({r for d in named for r in d["params"]["rows"]}) >= 0.5 * len(poisoned)  # the rows rule's
     assert {d["action"] for d in named} == {"skip_data"} and all(d["mode"] == "auto" for d in named)
     assert any(d["evidence"]["first_gaps"] for d in named)  # some on their second sighting
     assert all("left out of training" in d["applied"][0] for d in named)

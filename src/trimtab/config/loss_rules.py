@@ -21,12 +21,28 @@ class SpikeRule(Section):
     min_rise)."""
 
     enabled: bool = True
+    # healthy steps; once min_samples of them follow the phase's LR warm-up (the steps its scheduled LR
+    # rose), the line is fitted from the warm-up's last step on: the warm-up's bend is no line in
+    # log(step) and inflated the residuals. The bar over the clean loss at steps 20-30, median of 24
+    # fault-free 120-step runs (debug, debug-moe, debug-mod, debug-hybrid; seeds 0-5): 0.60-0.71 ->
+    # 0.23-0.30 nats, at 40-50 0.77-0.84 -> 0.48 (a window past the warm-up by 60). Still no finding on
+    # those runs (the closest step used 81% of the allowed rise, 79% before); debug-moe 40 steps,
+    # weights_noise@25:2 (4.79 -> 5.44): missed under 5.654, val 4.978; caught under 5.017, 4.820 = clean.
+    # debug-hybrid weights_noise@25:2 and @40:2 (120 steps): missed -> caught, +4.3% / +4.7% -> +0.0%
     window: int = 50
     # silent until the window holds this many steps: 10 is enough for the trend and catches bad
     # data that starts in the warm-up (clean runs of every debug preset, 3 seeds: no finding)
     min_samples: int = 10
     sigma: float = 5.0
     min_rise: float = 0.25  # nats above the rolling mean
+    # A Mixture-of-Depths capacity that moves by more than this between two steps (a person's `trimtab
+    # ctl RUN mod-capacity`, the MoD rule giving capacity back, a phase's config) makes another model:
+    # the window restarts (the update gate's bar off until it fills), and a rise it costs is the MoD
+    # rule's to judge. debug-mod cut 0.5 -> 0.02 at step 30 (loss 4.7 -> 5.1-5.4): read as spikes, updates
+    # withheld, the LR cut x0.125 and three rollbacks kept the cut (a person's setting outlives a
+    # rollback), val 6.04; the window restarted, the MoD rule gave 0.5 back at step 33. A capacity
+    # warm-up moves (1 - target) / mod.warmup_steps a step: 0.167 from 1.0 to 0.5 over 3 steps.
+    capacity_jump: float = 0.2
     # Over a phase's first `early_steps` steps the trend is no bar yet (too few samples, and the
     # warm-up's steep fall inflates its residuals): a loss above the phase's lowest healthy one by
     # max(early_sigma x the standard deviation of the last `early_window` step-to-step changes,

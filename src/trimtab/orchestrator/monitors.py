@@ -206,6 +206,11 @@ class LossSpike(Monitor):
     Loss curves are close to straight in log(step) over a window (a power law's local shape),
     so the line's extrapolation does not run below a curve that is flattening out.
 
+    Once `min_samples` healthy steps follow the phase's LR warm-up (the steps its scheduled LR rose),
+    the line is fitted from the warm-up's last step on: under a rising LR the loss is no power law,
+    and its bend inflated the residuals (debug-moe, steps 1-24: std 0.154, bar 5.654, a wrecked
+    update at step 25 from 4.79 to 5.44 passed and ended +3.3%; steps 10-24: std 0.048, bar 5.017).
+
     Over a phase's first `early_steps` steps the trend has too few samples, and the warm-up's
     steep fall inflates its residuals: weights wrecked at step 8 (loss 5.86 -> 6.18) passed far
     under it and trained on, 13% worse at the end. There a loss above the phase's lowest healthy
@@ -233,17 +238,24 @@ class LossSpike(Monitor):
         self.first_step = -1  # the phase's first step seen: its early steps count from it
         self.trained = False  # the phase starts from trained weights (finetune, train.init_from): armed early
         self.withheld = [-1, 0.0]  # [step, loss]: an early spike's update withheld; the next step is judged from it
+        self.lr_seen = -1.0  # the schedule's LR at the last step whose update went in (-1: none yet)
+        self.warm_end = 0  # the last step of the phase's LR warm-up (0: none seen)
+        self.warming = True  # the schedule's LR has risen at every step of the phase so far
+        self.capacity: float | None = None  # the MoD capacity at the last step (None: no MoD layer)
         self._fit: tuple[Any, tuple[float, float]] | None = None  # trend() of the current window
 
     def trend(self) -> tuple[float, float]:
         """(the loss predicted at the next step, the residuals' standard deviation). One pass of
         running sums: the gate and the monitor ask every step (0.14 ms with one pass per term)."""
-        key = (self.next_step, len(self.window), self.window.values[-1] if len(self.window) else None)
+        start = self.fit_from()
+        key = (self.next_step, len(self.window), self.window.values[-1] if len(self.window) else None, start)
         if self._fit is not None and self._fit[0] == key:
             return self._fit[1]
-        n = len(self.window)
+        n = sum(1 for step in self.steps.values if step >= start)
         sx = sy = sxx = sxy = syy = 0.0
         for step, y in zip(self.steps.values, self.window.values):
+            if step < start:
+                continue
             x = math.log(max(step, 1))
             sx, sy, sxx, sxy, syy = sx + x, sy + y, sxx + x * x, sxy + x * y, syy + y * y
         x_mean, y_mean = sx / n, sy / n
@@ -253,6 +265,40 @@ class LossSpike(Monitor):
         fit = (y_mean + slope * (math.log(max(self.next_step, 1)) - x_mean), std)
         self._fit = (key, fit)
         return fit
+
+    def fit_from(self) -> int:
+        """The first step the trend is fitted from: the warm-up's last once min_samples healthy steps
+        are at or after it, the window's first (0) before that and in a phase without a warm-up."""
+        if self.warming or self.warm_end == 0:
+            return 0
+        after = sum(1 for step in self.steps.values if step >= self.warm_end)
+        return self.warm_end if after >= self.cfg.min_samples else 0
+
+    def _follow_warm_up(self, m: StepMetrics) -> None:
+        """The phase's warm-up: its first steps whose scheduled LR rises. A withheld update holds the
+        warm-up back a step (optim.lr_at's `behind`: the next step meets the same LR), so a step is
+        compared with the last step whose update went in."""
+        if self.warming and self.lr_seen >= 0:
+            if m.scheduled_lr > self.lr_seen:
+                self.warm_end = m.step
+            else:
+                self.warming = False
+        if not (m.skipped or m.overflow):
+            self.lr_seen = m.scheduled_lr
+
+    def _follow_capacity(self, m: StepMetrics) -> None:
+        """A MoD capacity that jumped (config.loss_rules.SpikeRule.capacity_jump) makes another model:
+        the losses before it predict nothing of it, so the window starts again from this step."""
+        if m.mod_capacity is None:
+            return
+        if self.jumped(m.mod_capacity):
+            self.window, self.steps = Rolling(self.cfg.window), Rolling(self.cfg.window)
+            self.withheld, self._fit = [-1, 0.0], None
+        self.capacity = m.mod_capacity
+
+    def jumped(self, capacity: float | None) -> bool:
+        """`capacity` (the MoD layers' mean) is another model's than the last step's."""
+        return None not in (capacity, self.capacity) and abs(capacity - self.capacity) > self.cfg.capacity_jump
 
     def ceiling(self) -> float:
         if len(self.window) < self.cfg.min_samples:
@@ -296,6 +342,8 @@ class LossSpike(Monitor):
         if self.first_step < 0:  # a checkpoint from before early_steps: its window's first step
             self.first_step = int(self.steps.values[0]) if len(self.steps) else m.step
         self.trained = self.trained or m.phase > 0
+        self._follow_warm_up(m)
+        self._follow_capacity(m)
         if not math.isfinite(m.loss):
             return None
         ceiling = self.ceiling()
@@ -323,6 +371,7 @@ class LossSpike(Monitor):
             "residual_std": std,
             "ceiling": ceiling,
             "window": len(self.window),
+            "fit_from": self.fit_from(),  # the trend's first step (after the LR warm-up; 0: the window's)
         }
         summary = f"loss {m.loss:.3f} > trend {predicted:.3f} + {self.cfg.sigma:g} sigma ({std:.3f})"
         return self.finding(m, evidence, summary, 0.6 + 0.4 * (m.loss - ceiling) / max(ceiling - predicted, 1e-6))
@@ -371,6 +420,20 @@ class GradExplosion(Monitor):
         self.window = Rolling(self.cfg.window)
         self.losses = Rolling(10)  # the healthy steps' losses: what "not rising" compares with
         self.over: list[list[float]] = []  # [grad norm, loss] of the flagged steps in a row
+
+    def _follow_capacity(self, m: StepMetrics) -> None:
+        """A MoD capacity that jumped (config.loss_rules.SpikeRule.capacity_jump) makes another model:
+        the losses before it predict nothing of it, so the window starts again from this step."""
+        if m.mod_capacity is None:
+            return
+        if self.jumped(m.mod_capacity):
+            self.window, self.steps = Rolling(self.cfg.window), Rolling(self.cfg.window)
+            self.withheld, self._fit = [-1, 0.0], None
+        self.capacity = m.mod_capacity
+
+    def jumped(self, capacity: float | None) -> bool:
+        """`capacity` (the MoD layers' mean) is another model's than the last step's."""
+        return None not in (capacity, self.capacity) and abs(capacity - self.capacity) > self.cfg.capacity_jump
 
     def ceiling(self) -> float:
         if len(self.window) < self.cfg.min_samples:

@@ -118,6 +118,12 @@ class RunView:
         return data_position(state) if isinstance(state, dict) else ""
 
     @property
+    def mod_capacity(self) -> float | None:
+        """The Mixture-of-Depths layers' mean capacity now, as a step's metrics give it (None: no MoD)."""
+        routers = [router.capacity for _, router in self._t.model.mod_layers()]
+        return sum(routers) / len(routers) if routers else None
+
+    @property
     def tokens(self) -> int:
         return self._t.state.tokens
 
