@@ -235,10 +235,11 @@ def step_of(name: str) -> int:
     return int(STEP.match(name).group(1))
 
 
-def open_remote(url: str, key: str = "checkpoint.dir", write: bool = True) -> Remote:
+def open_remote(url: str, key: str = "checkpoint.dir", write: bool = True, check: bool = True) -> Remote:
     """The store at `url`, checked now: reachable, credentials found and accepted, the bucket
     there, and (`write`) writable: a probe object written and removed. Each failure is a
-    ConfigError naming `key` and the fix (exit code 2), before anything is written."""
+    ConfigError naming `key` and the fix (exit code 2), before anything is written. Not `check`:
+    checked already (at start-up), opened without a request (a survivor's exit, bounded in time)."""
     parts = urlsplit(url)
     if "@" in parts.netloc:
         raise ConfigError(
@@ -255,7 +256,8 @@ def open_remote(url: str, key: str = "checkpoint.dir", write: bool = True) -> Re
         checker = _client(fsspec, url, {**S3_CONFIG, "read_timeout": CHECK_READ_S})[0] if s3 else fs
     except (ImportError, ValueError) as exc:
         raise ConfigError(f"{_named(key)} = '{url}' is not a usable storage URL ({redact(exc)})") from None
-    _check(Remote(checker, root, url), key, write)
+    if check:
+        _check(Remote(checker, root, url), key, write)
     return Remote(fs, root, url)
 
 

@@ -40,7 +40,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,11 @@ RESCUE_S = 5.0
 
 class Watchdog:
     """Feed it with beat(section, step) from the loop; start() / stop() around training."""
+
+    # what must finish before _end's os._exit, given when the hang was found (time.monotonic()), bounded by its own
+    # clock: rank 0's upload in flight to checkpoint.dir (training/emergency.py upload_before_hang_exit), a daemon
+    # thread the exit cut (the store's newest stayed the checkpoint before the one uploading). Set by the Trainer.
+    before_exit: Callable[[float], None] | None = None
 
     def __init__(
         self,
@@ -242,6 +247,7 @@ class Watchdog:
     def _end(self, *, raised: bool, section: str, elapsed: float, limit: float, lost: dict | None = None) -> None:
         """Write this rank's stack (and raise the alarm, or answer it), then end the process; `lost`: what the
         heartbeat found lost (Heartbeat.lost), the cause instead of a timeout."""
+        found = time.monotonic()
         folder = self._answer(raised, section, elapsed, limit)
         if raised:  # the others' stacks, before torchrun's agent tears the job down
             self._await_stacks(folder)
@@ -252,6 +258,9 @@ class Watchdog:
             # ends as a hang's does, exit HUNG (stop), not the lost peer's 1: the watchdog ended it
             self._hung_exit = f"hung in {section}"
             return
+        if self.before_exit is not None:
+            with contextlib.suppress(Exception):  # whatever fails there, the hang still ends the process
+                self.before_exit(found)
         os._exit(HUNG)
 
     def _loop_saves(self) -> bool:

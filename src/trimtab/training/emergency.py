@@ -46,6 +46,7 @@ from trimtab.rl.batches import RolloutLoader
 from trimtab.rl.preference import PairLoader
 from trimtab.rundir import LOCK
 from trimtab.runlock import exit_lost, lock_lost
+from trimtab.storage import redact
 from trimtab.training.runtime import rng_state
 from trimtab.training.services.storage import RemoteCheckpoints
 
@@ -288,23 +289,46 @@ class EmergencySave:
         return save_checkpoint(self.cfg.run_dir, step, self.model.state_dict(), optim, state, keep, protected)
 
     def _upload_before_exit(self, began: float) -> None:
-        """checkpoint.dir: rank 0's RemoteCheckpoints hook finishes the upload in flight and uploads the emergency
-        save written here, within UPLOAD_BY_S of `began` (the loss caught), and says what the store holds. Before,
-        the exit (the CLI's, or the watchdog's os._exit) cut the one in flight and the save was never uploaded: a
+        """checkpoint.dir: the uploader (_exit_store) finishes the upload in flight and uploads the emergency save
+        written here, within UPLOAD_BY_S of `began` (the loss caught), and says what the store holds. Before, the
+        exit (the CLI's, or the watchdog's os._exit) cut the one in flight and the save was never uploaded: a
         restart on a fresh machine resumed up to checkpoint.every steps before it."""
-        store = next((h for h in self.hooks if isinstance(h, RemoteCheckpoints)), None)
+        store = self._exit_store()
         if store is None:
-            if self._written is not None and self.cfg.checkpoint.dir:
-                self._say_store(
-                    f"{self._written.name} (the emergency save) not uploaded to checkpoint.dir: rank 0 uploads there, "
-                    "and was lost; the restart resumes from the run directory's copy"
-                )
             return
         # the exit record names the last completed step; the wait, a save's, is under the checkpoint section's timeout
         self.watchdog.beat("checkpoint", self.state.step)
         line = store.upload_before_exit(self._written, began, UPLOAD_BY_S)
         if line:
             self._say_store(line)
+
+    def _exit_store(self) -> RemoteCheckpoints | None:
+        """Who uploads at this rank's exit: rank 0's RemoteCheckpoints hook; on another rank, one opened now where
+        this rank wrote the emergency save (rank 0 lost: it claims the step first, _claim), so one survivor of
+        several uploads it, the one whose save it is. Before, only rank 0 uploaded: 2 ranks, checkpoint.every=3,
+        rank 0 killed at step 5, rank 1 saved step 4 and the store's newest stayed step 3."""
+        store = next((h for h in self.hooks if isinstance(h, RemoteCheckpoints)), None)
+        url = self.cfg.checkpoint.dir
+        if store is not None or self._written is None or not url:
+            return store
+        try:
+            return RemoteCheckpoints(url, self.cfg.run_dir, self.cfg.checkpoint.keep, rank=self.dist.rank)
+        except Exception as exc:  # the store's client (fsspec, s3fs): the save stays in the run directory
+            self._say_store(
+                f"{self._written.name} (the emergency save) not uploaded to {url} ({type(exc).__name__}: "
+                f"{redact(exc)}); the restart resumes from the run directory's copy"
+            )
+            return None
+
+    def upload_before_hang_exit(self, began: float) -> None:
+        """The watchdog ends this process now (os._exit: a hang, no emergency save; resilience/watchdog.py
+        before_exit, from its thread): rank 0's upload in flight to checkpoint.dir finished first, and the record
+        with the step mark, within UPLOAD_BY_S of `began`. Before, the exit cut it: the store's newest stayed the
+        checkpoint before (debug, step 3's upload taking 2 s, a hang at step 4: step 0)."""
+        store = next((h for h in self.hooks if isinstance(h, RemoteCheckpoints)), None)
+        line = store.upload_before_exit(None, began, UPLOAD_BY_S, "the hang was found") if store else ""
+        if line:  # the loop's thread may hold the console's lock in its hang: straight to stderr, as the watchdog
+            print(f"trimtab: rank {self.dist.rank}: {line}", file=sys.stderr, flush=True)
 
     def _say_store(self, line: str) -> None:
         """A line of what checkpoint.dir holds at a survivor's exit: rank 0's console, else this rank's stderr. Not

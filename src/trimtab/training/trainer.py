@@ -65,7 +65,8 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
             self.dist.pipeline.loss_sum = self._loss_sum
         self.peak_flops, self.peak_source = run.peak
         self.compile, self.step_times = run.compile, StepTimes()
-        self.watchdog = run.watchdog  # beaten at each section of a step: a hung rank ends fast
+        self.watchdog = run.watchdog  # beaten at each section of a step: a hung rank ends fast, its upload first
+        self.watchdog.before_exit = self.upload_before_hang_exit
         # a flagged step computed again before it is judged (training/rerun.py); fp16's GradScaler
         # unscales once per update, and skips non-finite steps itself
         self.rerun = cfg.resilience.rerun and not self.scaler

@@ -236,16 +236,23 @@ class RemoteCheckpoints(Hook):
     (its stall is what uploading is slower than checkpointing); the run's end waits for the last.
     A process killed mid-upload leaves a prefix without state.json: partial, never resumed from."""
 
-    def __init__(self, url: str, run_dir: Path, keep: int) -> None:
-        self.remote = open_remote(url)
+    def __init__(self, url: str, run_dir: Path, keep: int, rank: int = 0) -> None:
+        """`rank` other than 0: a survivor that wrote the emergency save, rank 0 lost (training/emergency.py), opened
+        at its exit: the store not checked again (every rank checked it at start-up; a request here would not be
+        bounded by the exit's UPLOAD_BY_S), its links in a folder of its own (a late rank 0's may be in flight)."""
+        self.remote = open_remote(url, check=rank == 0)
         self.run_dir, self.keep = Path(run_dir), keep
-        self.staging = checkpoint_root(self.run_dir) / ".upload"
-        shutil.rmtree(self.staging, ignore_errors=True)  # a killed session's links
+        root = checkpoint_root(self.run_dir)
+        self.staging = root / (".upload" if rank == 0 else f".upload_rank{rank}")
+        for old in root.glob(".upload*") if rank == 0 else [self.staging]:  # a killed session's links
+            shutil.rmtree(old, ignore_errors=True)
         self._thread: threading.Thread | None = None
         self._uploading = ""  # the checkpoint the thread uploads
         self._current = False  # the store holds this session's newest checkpoint, uploaded whole
         self._taken = False  # another process took the prefix over (StoreTakenError): no more uploads
         self._error = ""  # the last upload's failure in words (_failed): said by upload_before_exit
+        # upload_before_exit from two threads at once (the watchdog's hang exit, the loop's lost peer): one at a time
+        self._exiting = threading.Lock()
 
     def on_save_stall(self, run: RunView) -> None:
         """The next save waits here for the upload in flight, inside the save's own time, so the
@@ -280,18 +287,26 @@ class RemoteCheckpoints(Hook):
         self._thread = threading.Thread(target=self._upload, args=args, name=f"upload-{name}", daemon=True)
         self._thread.start()
 
-    def upload_before_exit(self, path: Path | None, began: float, bound_s: float) -> str:
-        """The process ends next (a peer lost: training/emergency.py), which cuts an upload's thread (a daemon):
-        the upload in flight finished, then `path` (an emergency save written here; None: none) uploaded with the
-        whole record, its step mark too (the session ends at that step: a fresh machine's restart says how far it
-        got exactly), or, None, the record alone where the store holds this session's newest checkpoint; each
-        waited for until `bound_s` after `began` (time.monotonic()). What the store holds, in one line (empty:
-        nothing to say)."""
+    def upload_before_exit(self, path: Path | None, began: float, bound_s: float, after: str = "the loss") -> str:
+        """The process ends next (a peer lost: training/emergency.py; a hang: the watchdog's os._exit), which cuts
+        an upload's thread (a daemon): the upload in flight finished, then `path` (an emergency save written here;
+        None: none) uploaded with the whole record, its step mark too (the session ends at that step: a fresh
+        machine's restart says how far it got exactly), or, None, the record alone where the store holds this
+        session's newest checkpoint; each waited for until `bound_s` after `began` (time.monotonic(), when `after`
+        happened). What the store holds, in one line (empty: nothing to say, or another thread's exit says it)."""
+        if not self._exiting.acquire(timeout=max(0.0, began + bound_s - time.monotonic())):
+            return ""
+        try:
+            return self._before_exit(path, began, bound_s, after)
+        finally:
+            self._exiting.release()
+
+    def _before_exit(self, path: Path | None, began: float, bound_s: float, after: str) -> str:
         flight, url = self._uploading if self._thread is not None else "", self.remote.url
         if not self._joined(began + bound_s):
             named = f"{path.name} (the emergency save) not uploaded, and " if path is not None else ""
             return (
-                f"{named}the upload of {flight} to {url} was still running {bound_s:.0f} s after the loss: cut at "
+                f"{named}the upload of {flight} to {url} was still running {bound_s:.0f} s after {after}: cut at "
                 "the exit (a step_N/ without state.json, never resumed from); the restart resumes from the run "
                 "directory's checkpoint, a fresh machine from the store's newest whole one"
             )
