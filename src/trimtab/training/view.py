@@ -119,8 +119,9 @@ class RunView:
 
     @property
     def mod_capacity(self) -> float | None:
-        """The Mixture-of-Depths layers' mean capacity now, as a step's metrics give it (None: no MoD)."""
-        routers = [router.capacity for _, router in self._t.model.mod_layers()]
+        """The Mixture-of-Depths layers' mean capacity now, as a step's metrics give it (None: no MoD, or
+        pipeline stages: each holds other layers, and every rank must gate alike)."""
+        routers = [router.capacity for _, router in self._t.model.mod_layers()] if self._t.dist.pipeline is None else []
         return sum(routers) / len(routers) if routers else None
 
     @property
