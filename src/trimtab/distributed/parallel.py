@@ -298,6 +298,16 @@ class Parallel(Checkpoints):
         to the stop's save (training/evaluation.py sharded_loss)."""
         return signal.Signals(self._signal).name if self._signal else ""
 
+    def agree_signal(self) -> str:
+        """The stop signal any rank received, not yet agreed ('' if none), every rank asking at once: after an
+        evaluation that failed (its error agreed), so a stop it left off for is taken at this step on every rank,
+        where a rank not signalled had tried the run's last evaluation again and journaled an eval_error."""
+        if self.world == 1:
+            return self.signalled()
+        (signum,) = all_max([self._signal])
+        self._signal = self._signal or int(signum)  # this rank's evaluations give way too from here
+        return signal.Signals(int(signum)).name if signum else ""
+
     def reduce_step(
         self, loss: torch.Tensor, aux: torch.Tensor | None, routers: Any, model: nn.Module, rows: Any = None
     ) -> None:

@@ -17,6 +17,7 @@ Shape legend: B rows (prompts x samples per prompt), P the longest prompt, N new
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,10 +66,12 @@ def generate(
     generator: torch.Generator | None = None,
     version: int = 0,
     record_routing: bool = False,
+    interrupt: Callable[[], None] | None = None,
 ) -> list[Rollout]:
     """One response per prompt (repeat a prompt for a group of samples). temperature <= 0 is
     greedy (its log-probabilities: at temperature 1). `record_routing`: each rollout keeps its
-    MoE layers' choices (Rollout.experts; rl/replay.py)."""
+    MoE layers' choices (Rollout.experts; rl/replay.py). `interrupt`, called before each forward,
+    raises to leave the generation off (a held-out evaluation's stop signal, training/policy.py)."""
     longest, limit = max(len(p) for p in prompts), model.cfg.max_seq_len
     if min(len(p) for p in prompts) == 0 or longest >= limit:
         raise ValueError(f"every prompt needs 1 to {limit - 1} tokens (model.max_seq_len={limit}); got {longest}")
@@ -77,7 +80,9 @@ def generate(
     model.eval()
     try:
         with torch.inference_mode(), recording(model, len(prompts), record_routing) as routes:
-            tokens, logprobs, entropies = _decode(model, prompts, budget, eos_id, temperature, top_p, generator)
+            tokens, logprobs, entropies = _decode(
+                model, prompts, budget, eos_id, temperature, top_p, generator, interrupt or _go_on
+            )
             rows = zip(prompts, tokens.tolist(), logprobs.tolist(), entropies.tolist())
             rollouts = [_rollout(p, t, lp, h, eos_id, version, temperature) for p, t, lp, h in rows]
             for row, r in enumerate(rollouts if routes else []):
@@ -95,6 +100,7 @@ def _decode(
     temperature: float,
     top_p: float,
     generator: torch.Generator | None,
+    interrupt: Callable[[], None],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The new tokens [B, n], their behaviour log-probabilities [B, n] and the entropies of the
     distributions they were drawn from [B, n], n <= budget (a row done early holds end-of-text
@@ -105,6 +111,7 @@ def _decode(
     batch = torch.tensor([[eos_id] * pad + p for pad, p in zip(pads, prompts)], device=device)  # [B, P]
     cache = model.new_cache(batch=len(prompts), max_len=longest + budget)
     cache.pad(pads)
+    interrupt()
     logits = model.next_logits(batch, cache)  # [B, V]
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     tokens, logprobs, entropies = [], [], []
@@ -118,8 +125,13 @@ def _decode(
         done |= token == eos_id
         if bool(done.all()):  # one host read a token: the batch ends with its longest response
             break
+        interrupt()
         logits = model.next_logits(tokens[-1][:, None], cache)
     return torch.stack(tokens, 1), torch.stack(logprobs, 1), torch.stack(entropies, 1)
+
+
+def _go_on() -> None:
+    """No interruption: the generation runs to its end."""
 
 
 def _rollout(

@@ -18,6 +18,11 @@ if TYPE_CHECKING:
     from trimtab.training.trainer import Trainer
 
 
+class LeftOff(Exception):
+    """An RL or DPO evaluation's generation left off for a stop's save (Trainer._left_off): its
+    message is the evaluation's error, the words a held-out loss's (sharded_loss) says."""
+
+
 def error_line(exc: BaseException) -> str:
     """An evaluation's failure in one line for the journal: its type and its message's first line."""
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
@@ -94,11 +99,15 @@ def policy_figures(t: Trainer) -> tuple[dict[str, Any], str]:
     abandons this evaluation, not the run (an out-of-memory error generating the held-out
     answers, a response the verifier cannot take), as for a held-out loss. The ranks agree after
     it; neither evaluation has a collective inside (every rank answers every held-out prompt and
-    scores every held-out pair), so a rank that failed alone keeps none waiting."""
+    scores every held-out pair), so a rank that failed alone keeps none waiting; a stop signal
+    leaves the generation off before its next forward, each rank at its own (torchrun's agent
+    signals every one), and the ranks agree after it as after an error."""
     t.watchdog.beat("evaluation")
     t.evaluating, error, figures = True, "", {}
     try:
         figures = t.loader.evaluate()
+    except LeftOff as exc:  # a preemption's grace is for the save, not the evaluation
+        error = str(exc)
     except Exception as exc:  # this evaluation's failure, told to the hooks
         error = error_line(exc)
     finally:

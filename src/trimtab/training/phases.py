@@ -15,6 +15,7 @@ from trimtab.rl.preference import PairLoader
 from trimtab.training.evaluation import held_out_figures, policy_figures
 from trimtab.training.optim import build_optimizer
 from trimtab.training.schedule import phase_lr, set_lr_level
+from trimtab.training.services.signals import say_stopping
 
 FINAL_EVAL_TRIES = 3  # the run's last evaluation: a failure may be transient (an I/O error, a slow node)
 
@@ -33,8 +34,9 @@ class Phases:
             figures, error = policy_figures(self) if policy else held_out_figures(self)
             if not error:
                 break
+            stop = self._stop_agreed()
             self._call("on_eval_error", self.state.step, error)
-            if self.dist.signalled():  # left off for a stop's save (evaluation.py): not tried again
+            if stop:  # left off for a stop's save (evaluation.py): not tried again
                 break
         if not figures:
             return {}
@@ -45,6 +47,19 @@ class Phases:
             self.best_eval, self.best_checkpoint = (self.state.step, score), -1  # found at the next save
         self._call("on_eval", self.last_eval)
         return self.last_eval
+
+    def _stop_agreed(self) -> str:
+        """After an evaluation that failed, on every rank at once (its error is agreed): a stop signal any rank
+        received is taken now, on all of them, so the hooks read the run as stopping (no eval_error journaled,
+        no "training goes on") and every rank saves at this step. Under torchrun the stop waited for the next
+        step's agree(): an RL run's held-out generation left off at SIGTERM, the orchestrator journaled an
+        eval_error, and step 3 trained before the save (debug, 2 ranks)."""
+        reason = self.dist.agree_signal()
+        if reason and not self.stop_reason:  # one process: the handler took it and said so already
+            say_stopping(reason)
+        if reason:
+            self.request_stop(reason)
+        return reason
 
     def _phase_ends(self) -> bool:
         phase = self.phases[self.state.phase]
