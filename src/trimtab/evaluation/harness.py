@@ -235,7 +235,8 @@ def run_tasks(model, tok, tasks, manager, limit, num_fewshot, batch_size) -> dic
 
     from trimtab.evaluation.adapter import TrimtabLM
 
-    with _quiet_lm_eval(), _dataset_unreachable(tasks):
+    unreachable = _hub_unreachable(tasks)
+    with _quiet_lm_eval(), _dataset_unreachable(tasks, unreachable), _hub_offline(bool(unreachable)):
         out = lm_eval.simple_evaluate(
             model=TrimtabLM(model, tok, batch_size),
             tasks=list(tasks),
@@ -248,16 +249,59 @@ def run_tasks(model, tok, tasks, manager, limit, num_fewshot, batch_size) -> dic
     return {task: _clean(metrics) for task, metrics in out["results"].items()}
 
 
+HUB_PROBE_S = 3.0  # one HEAD to the Hub's endpoint; an unresolved name or a refused connection fails in ~0.05 s
+
+
+def _hub_unreachable(tasks: Sequence[str]) -> str:
+    """Why the Hugging Face Hub cannot be reached from here, asked once before lm-eval loads a dataset; ''
+    where it answers, where offline mode is on already (datasets refuses a download at once then) or where
+    every task is trimtab's own (their data is in the package)."""
+    if set(tasks) <= set(own_tasks()):
+        return ""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    if constants.HF_HUB_OFFLINE:
+        return ""
+    try:  # through huggingface_hub's own client: its proxies and HF_ENDPOINT
+        get_session().head(constants.ENDPOINT, timeout=HUB_PROBE_S)
+    except Exception as exc:  # no answer at all (a name not resolved, a refused connection, a timeout, a proxy's error)
+        return f"{constants.ENDPOINT} is unreachable: {exc}"
+    return ""
+
+
 @contextmanager
-def _dataset_unreachable(tasks: Sequence[str]) -> Iterator[None]:
+def _hub_offline(on: bool) -> Iterator[None]:
+    """Hugging Face's offline mode (HF_HUB_OFFLINE=1) for lm-eval's run where the Hub is unreachable: datasets
+    reads its cache and local files, and refuses a download at once. It tried the Hub 6 times over ~23 s
+    first (backoff 1, 2, 4, 8, 8 s: `trimtab eval RUN --tasks arc_easy`, no network, 30.4 s -> 3.8 s). The
+    flags are the modules' own, read when each request is made (the variable is read once, at their import)."""
+    if not on:
+        yield
+        return
+    import datasets.config
+    from huggingface_hub import constants
+
+    flags = [(constants, "HF_HUB_OFFLINE")] + [(datasets.config, f) for f in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")]
+    with ExitStack() as stack:
+        for module, flag in flags:
+            if hasattr(module, flag):  # an older datasets reads HF_DATASETS_OFFLINE alone
+                stack.enter_context(mock.patch.object(module, flag, True))
+        yield
+
+
+@contextmanager
+def _dataset_unreachable(tasks: Sequence[str], unreachable: str = "") -> Iterator[None]:
     """A task whose dataset is on the Hugging Face Hub, run without a network (or with HF_HUB_OFFLINE=1)
-    and not in the datasets cache: refused in one line naming the way out. It was a 72-line traceback
-    ending in datasets' "ConnectionError: Couldn't reach 'Rowan/hellaswag' on the Hub", exit 1."""
+    and not in the datasets cache: refused in one line naming the way out (`unreachable`: why the Hub is,
+    _hub_unreachable). It was a 72-line traceback ending in datasets' "ConnectionError: Couldn't reach
+    'Rowan/hellaswag' on the Hub", exit 1."""
     try:
         yield
     except ConnectionError as exc:  # datasets' own, huggingface_hub's OfflineModeIsEnabled
+        why = f"{exc}; {unreachable}" if unreachable else str(exc)
         raise DataError(
-            f"--tasks {','.join(tasks)}: a task's dataset could not be fetched ({exc}); run where the Hugging Face "
+            f"--tasks {','.join(tasks)}: a task's dataset could not be fetched ({why}); run where the Hugging Face "
             "Hub is reachable or the dataset is already in the datasets cache, or use a task with local data: "
             f"trimtab's own ({', '.join(own_tasks())}) or your own YAML with --include-path"
         ) from None
