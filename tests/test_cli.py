@@ -128,6 +128,8 @@ CLI_SURFACE = {
             # a run's held-out rows again, per source; a prepared directory's split (data/held_out.py)
             "--held-out",
             "--split",
+            # the results' folder: a Hugging Face directory stays as exported (evaluation/harness.py results_folder)
+            "--out",
         },
         ["path"],
     ),
