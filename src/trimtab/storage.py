@@ -357,18 +357,19 @@ def restore(
     return None
 
 
-def retain(remote: Remote, local: set[str], keep: int) -> list[str]:
+def retain(remote: Remote, local: set[str], keep: int, partial: bool = True) -> list[str]:
     """Remote retention after an upload, following the local prune: keep what the run directory
     keeps (the newest `keep`, the protected steps) and the newest `keep` here older than the
-    newest local one; delete partial uploads (one writer: none is in flight) and checkpoints
-    newer than the newest local one that it lacks (a rolled-back trajectory, a copy found corrupt).
-    Returns the deleted names; StoreTakenError when another process writes here now."""
+    newest local one; delete partial uploads (`partial`: one writer, none in flight; a survivor's,
+    not: a late rank 0's may be) and checkpoints newer than the newest local one that it lacks (a
+    rolled-back trajectory, a copy found corrupt). Returns the deleted names; StoreTakenError when
+    another process writes here now."""
     remote.own(claim=False)  # pruning alone never takes a prefix over
-    complete, partial = remote.listing()
+    complete, partials = remote.listing()
     newest = max((step_of(n) for n in local), default=-1)
     older = [n for n in complete if step_of(n) <= newest]
     kept = set(local) | set(older[-keep:])
-    gone = [*partial, *(n for n in complete if n not in kept)]
+    gone = [*(partials if partial else []), *(n for n in complete if n not in kept)]
     for name in gone:
         remote.delete(name)
     return gone

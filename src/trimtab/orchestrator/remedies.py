@@ -310,6 +310,8 @@ def restart(f: Finding) -> Remedy:
         "lost_process": "it left no exit record (killed: SIGKILL, the OOM killer, or its machine gone)",
         "lost_unknown": "its ranks left no record (resilience.watchdog off: no beats, no exit records), so what "
         "ended it is not known (resilience.watchdog auto or on records it)",
+        "lost_elsewhere": "its ranks' records (ranks/, hangs/) stayed in the run directory it ran in: checkpoint.dir "
+        "holds the checkpoints and the run's record, not them",
         "lost_node": "the other nodes' collectives failed with it, and the rendezvous went on without it",
         "crash": "its error ended the step on every rank",
         "resized": "the job saved and stopped for a new rendezvous",
@@ -328,6 +330,8 @@ def restart(f: Finding) -> Remedy:
             why = "its error ended it (its traceback is on the console it ran in); unless its cause was fixed, the "
             why += "same steps meet it again"
         started = "started again (not by torchrun: by a person, a script or a scheduler), the run"
+    elif not e.get("restart", 1):  # torchrun's first launch, or none: no agent restarted the lost job
+        started = f"launched again (by a person, a script or a scheduler) on {world}, the run"
     return Remedy(
         action="resume",
         params={"step": e["resumed_step"], "world": e["world_after"]},

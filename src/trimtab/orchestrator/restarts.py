@@ -194,6 +194,9 @@ def restart_finding(incident: dict[str, Any], step: int) -> Finding:
         "lost_rank": f"{who} lost without a word",
         "lost_unknown": f"the session of {incident.get('world_before', 'several')} ranks ended with no record of "
         "what ended it (resilience.watchdog off: no beats, no exit records; a rank lost or failed, or the whole job)",
+        "lost_elsewhere": f"the session of {ranks(incident.get('world_before', 1))} ended in another run directory, "
+        f"with no record of what ended it here (this one was restored from {incident.get('restored_from')}, which "
+        "holds no rank records)",
         "lost_job": f"every rank ({len(incident.get('ranks', {}))}, host {', '.join(incident.get('hosts', []))}) "
         "went silent at once, none with an exit record: not one rank's fault but the whole job's (its node or "
         "network, the run directory's storage, or a kill from outside)",

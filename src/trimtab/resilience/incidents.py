@@ -19,6 +19,10 @@ RUN_DIR/goodput.step (rank 0's last completed step, written after every step: re
                preemption without notice) or its machine gone; no other rank to fail with it
     lost_unknown  a session of several ranks left no rank record at all (resilience.watchdog off:
                no beats, no exit records): a rank lost, a rank failed or the whole job, none can be told
+    lost_elsewhere  no rank record here, and this run directory was restored from checkpoint.dir after
+               the session began (a fresh machine): its records stayed in the run directory it ran in
+               (the store holds the checkpoints and the run's record, not ranks/ or hangs/), so what
+               ended it is not known here; said so, not "resilience.watchdog off"
     crash      every rank left an exit record: the first error is the cause
     excluded   a rank's exit record says the orchestrator excluded its node (a straggler's or a
                suspect device's: orchestrator.straggler.exclude, orchestrator.rerun.exclude): not a
@@ -32,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +44,26 @@ from trimtab.resilience.beats import LOST, RANKS, SECTIONS, stopped
 from trimtab.resilience.elastic import session
 from trimtab.resilience.goodput import read_mark
 from trimtab.resilience.watchdog import ALARM, HANGS
-from trimtab.rundir import LOCK, METRICS_FILE, read_json
+from trimtab.rundir import LOCK, METRICS_FILE, read_json, write_json
 
 TAIL_BYTES = 1 << 16
+# ranks/restored.json: when and from where this run directory's record (goodput.json, its lost session) was
+# restored from checkpoint.dir (training/services/storage.py restore_from); not a rank's record (rank*.json)
+RESTORED = "restored.json"
+
+
+def mark_restored(run_dir: Path, url: str) -> None:
+    """This run directory's record was restored from `url` now: the sessions before ran elsewhere, and their
+    ranks' records (ranks/, hangs/) are not here (localize: lost_elsewhere)."""
+    (run_dir / RANKS).mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / RANKS / RESTORED, {"from": url, "time": time.time()})
+
+
+def restored_since(run_dir: Path, since: float) -> str:
+    """checkpoint.dir's URL when this run directory was restored from it after `since` (a session's start);
+    empty: not restored since."""
+    mark = read_json(run_dir / RANKS / RESTORED)
+    return str(mark.get("from", "")) if isinstance(mark, dict) and mark.get("time", 0.0) >= since else ""
 
 
 def last_life(run_dir: Path, since: float) -> tuple[float, int]:
@@ -132,7 +154,10 @@ def localize(run_dir: Path, since: float, archive_as: str, world: int = 0) -> di
         evidence.update(kind="excluded", ranks_to_blame=excluded, nodes_to_blame=nodes)
         return evidence
     silent = sorted(k for k, r in ranks.items() if not r.get("exit"))
-    if world == 1 and (silent or not ranks):  # one process: no rank was lost from a job that went on
+    restored = "" if ranks else restored_since(run_dir, since)
+    if restored:  # a fresh machine: the records stayed in the run directory the session ran in
+        evidence.update(kind="lost_elsewhere", ranks_to_blame=[], restored_from=restored)
+    elif world == 1 and (silent or not ranks):  # one process: no rank was lost from a job that went on
         evidence.update(kind="lost_process", ranks_to_blame=[])
     elif silent and len(silent) == len(ranks):
         evidence.update(_lost_job(ranks))

@@ -34,7 +34,7 @@ import re
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +142,9 @@ class EmergencySave:
     peer_lost_as: str | None = None
     _said = False  # this survivor claimed the step and said a line for it (_say)
     _written: Path | None = None  # the emergency save this rank wrote (_upload_before_exit uploads it)
+    # rank 0 lost with no emergency save to write (the step saved already), this survivor's claim won: it uploads the
+    # newest checkpoint where the store lacks it (rank 0, its uploader, lost in its upload or before it)
+    _saved_to_upload = False
     _unmarked = UPDATING  # why no step is marked (_step_start None) where one was: said by _refuse
 
     def emergency_save_possible(self) -> str | None:
@@ -243,6 +246,10 @@ class EmergencySave:
         step, data, rng, gate = start
         # a rollback's restored step is saved again: what it decided since (rows left out, knobs) is in no checkpoint
         if step == self.last_saved and not self._restored:
+            # one survivor (rank 0, else the first to claim) sees that the store holds it: rank 0 lost in its
+            # upload left the store a checkpoint.every behind (2 ranks, kill_rank@4:0, step 3's upload taking 3 s)
+            with suppress(OSError):  # no claim made, no upload: the loss's own error is what is raised
+                self._saved_to_upload = bool(self.cfg.checkpoint.dir) and self._claim(step) and not self.dist.is_main
             return True
         if not self._claim(step):
             return False  # another survivor writes it
@@ -298,25 +305,29 @@ class EmergencySave:
             return
         # the exit record names the last completed step; the wait, a save's, is under the checkpoint section's timeout
         self.watchdog.beat("checkpoint", self.state.step)
-        line = store.upload_before_exit(self._written, began, UPLOAD_BY_S)
+        saved = self._saved_to_upload and self._written is None
+        path = checkpoint_root(self.cfg.run_dir) / f"step_{self.last_saved:06d}" if saved else self._written
+        line = store.upload_before_exit(path, began, UPLOAD_BY_S, saved=saved)
         if line:
             self._say_store(line)
 
     def _exit_store(self) -> RemoteCheckpoints | None:
         """Who uploads at this rank's exit: rank 0's RemoteCheckpoints hook; on another rank, one opened now where
-        this rank wrote the emergency save (rank 0 lost: it claims the step first, _claim), so one survivor of
-        several uploads it, the one whose save it is. Before, only rank 0 uploaded: 2 ranks, checkpoint.every=3,
-        rank 0 killed at step 5, rank 1 saved step 4 and the store's newest stayed step 3."""
+        this rank wrote the emergency save, or won the claim of a step saved already (_saved_to_upload; rank 0 lost:
+        it claims the step first, _claim), so one survivor of several uploads, the one whose claim won. Before, only
+        rank 0 uploaded: 2 ranks, checkpoint.every=3, rank 0 killed at step 5, rank 1 saved step 4 and the store's
+        newest stayed step 3."""
         store = next((h for h in self.hooks if isinstance(h, RemoteCheckpoints)), None)
         url = self.cfg.checkpoint.dir
-        if store is not None or self._written is None or not url:
+        if store is not None or (self._written is None and not self._saved_to_upload) or not url:
             return store
         try:
             return RemoteCheckpoints(url, self.cfg.run_dir, self.cfg.checkpoint.keep, rank=self.dist.rank)
         except Exception as exc:  # the store's client (fsspec, s3fs): the save stays in the run directory
+            what = f"{self._written.name} (the emergency save)" if self._written else f"step {self.last_saved}"
             self._say_store(
-                f"{self._written.name} (the emergency save) not uploaded to {url} ({type(exc).__name__}: "
-                f"{redact(exc)}); the restart resumes from the run directory's copy"
+                f"{what} not uploaded to {url} ({type(exc).__name__}: {redact(exc)}); the restart resumes from the "
+                "run directory's copy"
             )
             return None
 

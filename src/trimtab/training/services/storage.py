@@ -28,9 +28,11 @@ from trimtab.config.checks import leaves
 from trimtab.config.model import LIVE_MODEL_KEYS
 from trimtab.errors import ConfigError, SavedConfigError
 from trimtab.resilience.goodput import add_after_end
-from trimtab.rundir import STEP_FILE, read_metrics
+from trimtab.resilience.incidents import mark_restored
+from trimtab.rundir import GOODPUT_FILE, STEP_FILE, read_metrics
 from trimtab.storage import (
     END_FILES,
+    MANIFEST,
     RECORD_FILES,
     RUN_FILES,
     STEP,
@@ -60,6 +62,8 @@ UPDATED = (*RECORD_FILES, "config.yaml")
 # at step 10, store's newest step 8: "at step 8 ... 0 steps lost", step_exact true); without it the steps
 # lost are the lower bound docs/resilience.md says. The end's upload, the session closed, has it.
 AT_CHECKPOINT = tuple(name for name in UPDATED if name != STEP_FILE)
+# how upload_before_exit names what it uploads (`saved`: the newest checkpoint, rank 0 lost before it was uploaded)
+NAMED = {False: "the emergency save", True: "the newest checkpoint, saved before the loss"}
 
 
 def open_store(cfg: RunConfig) -> Remote | None:
@@ -125,6 +129,8 @@ def restore_from(
     got = remote.get_run_files(run_dir, RUN_FILES + RECORD_FILES + END_FILES)
     if got:
         log.info("restored %s from %s/run", ", ".join(got), remote.url)
+    if GOODPUT_FILE in got:  # its sessions ran elsewhere: their ranks' records are not here (incidents.py)
+        mark_restored(run_dir, remote.url)
     found = restore(remote, checkpoint_root(run_dir), verify, refused=refused)
     if found is None:
         log.info("%s holds no complete checkpoint: the run starts at step 0", remote.url)
@@ -251,6 +257,7 @@ class RemoteCheckpoints(Hook):
         self._current = False  # the store holds this session's newest checkpoint, uploaded whole
         self._taken = False  # another process took the prefix over (StoreTakenError): no more uploads
         self._error = ""  # the last upload's failure in words (_failed): said by upload_before_exit
+        self._held = ""  # a checkpoint the store held whole already (upload_before_exit `saved`): not uploaded
         # upload_before_exit from two threads at once (the watchdog's hang exit, the loop's lost peer): one at a time
         self._exiting = threading.Lock()
 
@@ -265,9 +272,9 @@ class RemoteCheckpoints(Hook):
         self.wait()
         self._start(Path(path), AT_CHECKPOINT)
 
-    def _start(self, path: Path | None, names: tuple[str, ...]) -> None:
-        """The upload of checkpoint `path` (None: of the record alone) and then of the record files `names`, as they
-        are now, started in a thread of its own."""
+    def _start(self, path: Path | None, names: tuple[str, ...], unless_held: bool = False) -> None:
+        """The upload of checkpoint `path` (None: of the record alone; `unless_held`: nor of `path` where the store
+        holds it whole) and then of the record files `names`, as they are now, started in a thread of its own."""
         if self._taken:
             return
         self._error = ""
@@ -283,54 +290,60 @@ class RemoteCheckpoints(Hook):
             self._failed(name, exc)
             return
         self._uploading = name
-        args = (links, records, names)
+        args = (links, records, names, unless_held)
         self._thread = threading.Thread(target=self._upload, args=args, name=f"upload-{name}", daemon=True)
         self._thread.start()
 
-    def upload_before_exit(self, path: Path | None, began: float, bound_s: float, after: str = "the loss") -> str:
+    def upload_before_exit(
+        self, path: Path | None, began: float, bound_s: float, after: str = "the loss", saved: bool = False
+    ) -> str:
         """The process ends next (a peer lost: training/emergency.py; a hang: the watchdog's os._exit), which cuts
         an upload's thread (a daemon): the upload in flight finished, then `path` (an emergency save written here;
-        None: none) uploaded with the whole record, its step mark too (the session ends at that step: a fresh
-        machine's restart says how far it got exactly), or, None, the record alone where the store holds this
-        session's newest checkpoint; each waited for until `bound_s` after `began` (time.monotonic(), when `after`
-        happened). What the store holds, in one line (empty: nothing to say, or another thread's exit says it)."""
+        `saved`: the run directory's newest checkpoint, saved before the loss, uploaded only where the store lacks
+        it whole: rank 0, its uploader, lost; None: none) uploaded with the whole record, its step mark too (the
+        session ends at that step: a fresh machine's restart says how far it got exactly), or, None, the record
+        alone where the store holds this session's newest checkpoint; each waited for until `bound_s` after `began`
+        (time.monotonic(), when `after` happened). What the store holds, in one line (empty: nothing to say, or
+        another thread's exit says it)."""
         if not self._exiting.acquire(timeout=max(0.0, began + bound_s - time.monotonic())):
             return ""
         try:
-            return self._before_exit(path, began, bound_s, after)
+            return self._before_exit(path, began, bound_s, after, saved)
         finally:
             self._exiting.release()
 
-    def _before_exit(self, path: Path | None, began: float, bound_s: float, after: str) -> str:
+    def _before_exit(self, path: Path | None, began: float, bound_s: float, after: str, saved: bool) -> str:
         flight, url = self._uploading if self._thread is not None else "", self.remote.url
         if not self._joined(began + bound_s):
-            named = f"{path.name} (the emergency save) not uploaded, and " if path is not None else ""
+            named = f"{path.name} ({NAMED[saved]}) not uploaded, and " if path is not None else ""
             return (
                 f"{named}the upload of {flight} to {url} was still running {bound_s:.0f} s after {after}: cut at "
                 "the exit (a step_N/ without state.json, never resumed from); the restart resumes from the run "
                 "directory's checkpoint, a fresh machine from the store's newest whole one"
             )
         if path is not None:
-            return self._emergency_upload(path, began, bound_s)
+            return self._emergency_upload(path, began, bound_s, saved)
         if self._current:  # else the last upload failed: the record would run past the store's newest checkpoint
             self._start(None, UPDATED)
             self._joined(began + bound_s)
         return f"the upload of {flight} to {url} finished before the exit" if flight and self._current else ""
 
-    def _emergency_upload(self, path: Path, began: float, bound_s: float) -> str:
-        """upload_before_exit's upload of emergency save `path`, in words."""
-        url = self.remote.url
+    def _emergency_upload(self, path: Path, began: float, bound_s: float, saved: bool) -> str:
+        """upload_before_exit's upload of `path` (an emergency save; `saved`: the newest checkpoint), in words."""
+        url, what = self.remote.url, NAMED[saved]
         if self._taken:
             why = "this run's uploads there stopped: another process took the prefix over"
         else:
-            self._start(path, UPDATED)
+            self._start(path, UPDATED, unless_held=saved)
             if self._joined(began + bound_s) and self._current:
                 seconds = time.monotonic() - began
-                return f"{path.name} (the emergency save) uploaded to {url}, {seconds:.1f} s after the loss"
+                if self._held == path.name:
+                    return f"{path.name} ({what}) was in {url} whole; the record with the step mark uploaded"
+                return f"{path.name} ({what}) uploaded to {url}, {seconds:.1f} s after the loss"
             cut = f"still uploading {bound_s:.0f} s after the loss: cut at the exit"
             why = cut if self._thread else self._error or "its files were gone from the run directory"
         return (
-            f"{path.name} (the emergency save) not uploaded to {url} ({why}); the restart resumes from the run "
+            f"{path.name} ({what}) not uploaded to {url} ({why}); the restart resumes from the run "
             "directory's copy, a fresh machine from the store's newest whole checkpoint"
         )
 
@@ -404,10 +417,13 @@ class RemoteCheckpoints(Hook):
             log.warning("the upload of %s held training %.0f s", where, time.monotonic() - started)
         self._thread = None
 
-    def _upload(self, links: Path | None, records: Path, names: tuple[str, ...]) -> None:
-        """`links` (a checkpoint's; None: the record alone), then the record files `names` from `records`."""
+    def _upload(self, links: Path | None, records: Path, names: tuple[str, ...], unless_held: bool = False) -> None:
+        """`links` (a checkpoint's; None: the record alone; `unless_held`: nor it where the store holds it whole),
+        then the record files `names` from `records`."""
         try:
-            if links is not None:
+            if links is not None and unless_held and self._holds(links):
+                self._held = links.name  # rank 0 uploaded it before it was lost
+            elif links is not None:
                 held = tuple(name for name in RUN_FILES if (self.run_dir / name).is_file())
                 self.remote.put_run_files(self.run_dir, self.remote.lacks(held))  # the first, or the store lost them
                 self.remote.upload(links)
@@ -421,6 +437,16 @@ class RemoteCheckpoints(Hook):
             if links is not None:
                 shutil.rmtree(links, ignore_errors=True)
             shutil.rmtree(records, ignore_errors=True)
+
+    def _holds(self, links: Path) -> bool:
+        """Whether the store holds checkpoint `links` whole: its state.json, written last (the manifest: every
+        file's size and sha256), the same bytes. Not the listing's word alone: a step saved again after a rollback
+        has the rolled-back trajectory's copy there, whole, until its own upload begins."""
+        try:
+            there = self.remote.fs.cat_file(f"{self.remote.root}/{links.name}/{MANIFEST}")
+        except FileNotFoundError:
+            return False
+        return there == (links / MANIFEST).read_bytes()
 
     def _failed(self, name: str, exc: BaseException) -> None:
         self._error = f"{type(exc).__name__}: {redact(exc)}"
@@ -444,7 +470,8 @@ class RemoteCheckpoints(Hook):
     def _retain(self) -> None:
         local = {p.name for p in list_checkpoints(self.run_dir)}
         if local:  # never prune the store after a run directory with nothing in it
-            retain(self.remote, local, self.keep)
+            # a survivor's (rank != 0) leaves partial uploads alone: a late rank 0's may be in flight, its files cut
+            retain(self.remote, local, self.keep, partial=self.staging.name == ".upload")
 
 
 def _link(source: Path, target: Path) -> Path:
