@@ -11,7 +11,8 @@ import pytest
 from test_orchestrator_units import View, act, metrics
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.errors import ConfigError
-from trimtab.orchestrator.monitors import Finding, LossSpike
+from trimtab.orchestrator.loss_spike import LossSpike
+from trimtab.orchestrator.monitors import Finding
 from trimtab.orchestrator.policy import Policy
 
 # debug, 120 steps, default seed: the fault-free losses of steps 1-30, and the same run with

@@ -8,7 +8,8 @@ import torch
 from test_early_damage import CLEAN
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.core import Orchestrator
-from trimtab.orchestrator.monitors import LossSpike, StepMetrics
+from trimtab.orchestrator.loss_spike import LossSpike
+from trimtab.orchestrator.monitors import StepMetrics
 
 WARM_UP = CLEAN[:9]  # debug's fault-free steps 1-9 (6.25 -> 5.61, the warm-up's steep fall)
 GARBAGE = 6.42  # step 10 with bad_batch@10 (its rows all garbage tokens)
@@ -25,7 +26,7 @@ def test_an_early_spike_is_withheld_by_the_update_gate(tmp_path):
     for step, loss in enumerate(WARM_UP, start=1):
         assert spike.observe(StepMetrics(step=step, loss=loss, grad_norm=1.0)) is None
     orchestrator.ceilings = orchestrator._gate_ceilings()  # as each read sets them (Orchestrator._read)
-    run = SimpleNamespace(applied_lr=1e-3, scheduled_lr=1e-3, lr_scale=1.0, phase=0, mod_capacity=None)
+    run = SimpleNamespace(applied_lr=1e-3, scheduled_lr=1e-3, lr_scale=1.0, phase=0, mod_layer_capacities=None)
     gate = lambda loss: bool(orchestrator.update_gate(run, torch.tensor(loss), torch.tensor(1.2)))  # noqa: E731
     assert gate(GARBAGE) and not gate(CLEAN[9])
     assert spike.ceiling() == float("inf") and spike.gate_ceiling() < GARBAGE

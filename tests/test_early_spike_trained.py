@@ -5,7 +5,7 @@ bad_batch@28, the phase's 8th step, went undetected before (val 4.928 against 4.
 
 from test_orchestrator_units import metrics
 from trimtab.config.orchestrator import OrchestratorConfig
-from trimtab.orchestrator.monitors import LossSpike
+from trimtab.orchestrator.loss_spike import LossSpike
 
 # that run's losses over the finetune phase's steps 21-32, fault-free and with bad_batch@28
 CLEAN = [6.147, 6.174, 6.048, 5.969, 5.877, 5.741, 5.673, 5.587, 5.486, 5.351, 5.271, 5.146]

@@ -19,9 +19,10 @@ from trimtab.orchestrator.core import Orchestrator
 from trimtab.orchestrator.divergence import Divergence
 from trimtab.orchestrator.fault_specs import Fault, parse_fault, parse_faults
 from trimtab.orchestrator.journal import Decision, Journal, describe
+from trimtab.orchestrator.loss_spike import LossSpike
 from trimtab.orchestrator.lr_rule import UnexplainedLR
 from trimtab.orchestrator.moe_health import MoEHealth
-from trimtab.orchestrator.monitors import Finding, GradExplosion, LossSpike, NonFinite, Rolling, StepMetrics
+from trimtab.orchestrator.monitors import Finding, GradExplosion, NonFinite, Rolling, StepMetrics
 from trimtab.orchestrator.plateau import Plateau
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.resources import RESUME_PROBE, Fp16Overflow, MemoryPressure, OutOfMemory, Throughput

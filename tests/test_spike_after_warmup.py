@@ -1,4 +1,4 @@
-"""LossSpike fits its trend from the end of the phase's LR warm-up (orchestrator/monitors.py): the
+"""LossSpike fits its trend from the end of the phase's LR warm-up (orchestrator/loss_spike.py): the
 warm-up's loss is no line in log(step), and its bend inflated the residuals the bar is made of.
 debug-moe, 40 steps, weights_noise@25:2: the loss jumped 4.79 -> 5.44 at step 25 under a bar of
 5.654 (steps 1-24 fitted, residual std 0.154) and trained on, val 4.978 against 4.820 clean."""
@@ -11,7 +11,8 @@ from test_orchestrator_units import View
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.config.train import OptimConfig
 from trimtab.orchestrator.core import Orchestrator
-from trimtab.orchestrator.monitors import LossSpike, StepMetrics
+from trimtab.orchestrator.loss_spike import LossSpike
+from trimtab.orchestrator.monitors import StepMetrics
 from trimtab.orchestrator.policy import Policy
 from trimtab.training.optim import lr_at
 
@@ -38,7 +39,7 @@ def test_a_wrecked_update_after_the_warm_up_is_a_spike_and_its_update_withheld(t
     spike = fed(orchestrator.monitors["spike"], BEFORE)
     assert spike.trend()[1] < 0.06 and CLEAN < spike.ceiling() < WRECKED  # 0.048, 5.017 (steps 1-24: 0.154, 5.654)
     orchestrator.ceilings = orchestrator._gate_ceilings()  # as each read sets them (Orchestrator._read)
-    run = SimpleNamespace(applied_lr=1e-3, scheduled_lr=1e-3, lr_scale=1.0, phase=0, mod_capacity=None)
+    run = SimpleNamespace(applied_lr=1e-3, scheduled_lr=1e-3, lr_scale=1.0, phase=0, mod_layer_capacities=None)
     gate = lambda loss: bool(orchestrator.update_gate(run, torch.tensor(loss), torch.tensor(1.0)))  # noqa: E731
     assert gate(WRECKED) and not gate(CLEAN)
     found = spike.observe(step(25, WRECKED, skipped=True))
@@ -85,12 +86,13 @@ def test_a_jump_of_the_mod_capacity_restarts_the_window_and_opens_the_gate(tmp_p
     spike = orchestrator.monitors["spike"]
     for n, loss in enumerate(BEFORE, start=1):  # the capacity warms up from 1.0 to 0.5 over steps 1-5
         m = step(n, loss)
-        assert spike.observe(StepMetrics(**{**vars(m), "mod_capacity": max(0.5, 1.0 - 0.1 * n)})) is None
-    assert len(spike.window) == len(BEFORE) and spike.capacity == 0.5
+        warm = max(0.5, 1.0 - 0.1 * n)
+        assert spike.observe(StepMetrics(**{**vars(m), "mod_layers": [(1, warm), (3, warm)]})) is None
+    assert len(spike.window) == len(BEFORE) and spike.capacity == [0.5, 0.5]
     orchestrator.ceilings = orchestrator._gate_ceilings()
-    run = SimpleNamespace(applied_lr=1e-3, scheduled_lr=1e-3, lr_scale=1.0, phase=0, mod_capacity=0.5)
+    run = SimpleNamespace(applied_lr=1e-3, scheduled_lr=1e-3, lr_scale=1.0, phase=0, mod_layer_capacities=[0.5, 0.5])
     assert bool(orchestrator.update_gate(run, torch.tensor(WRECKED), torch.tensor(1.0)))  # the same model: withheld
-    run.mod_capacity = 0.02
+    run.mod_layer_capacities = [0.5, 0.02]  # one layer of two cut (their mean moves 0.24, one of four's 0.12)
     assert not bool(orchestrator.update_gate(run, torch.tensor(WRECKED), torch.tensor(1.0)))  # another model
-    assert spike.observe(StepMetrics(**{**vars(step(25, WRECKED)), "mod_capacity": 0.02})) is None
+    assert spike.observe(StepMetrics(**{**vars(step(25, WRECKED)), "mod_layers": [(1, 0.5), (3, 0.02)]})) is None
     assert list(spike.steps.values) == [25] and spike.ceiling() == float("inf")

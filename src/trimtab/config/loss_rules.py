@@ -35,7 +35,7 @@ class SpikeRule(Section):
     min_samples: int = 10
     sigma: float = 5.0
     min_rise: float = 0.25  # nats above the rolling mean
-    # A Mixture-of-Depths capacity that moves by more than this between two steps (a person's `trimtab
+    # A Mixture-of-Depths layer's capacity that moves by more than this between two steps (a person's `trimtab
     # ctl RUN mod-capacity`, the MoD rule giving capacity back, a phase's config) makes another model:
     # the window restarts (the update gate's bar off until it fills), and a rise it costs is the MoD
     # rule's to judge. debug-mod cut 0.5 -> 0.02 at step 30 (loss 4.7 -> 5.1-5.4): read as spikes, updates

@@ -147,7 +147,7 @@ class Orchestrator(Deciding, PersonCommands, SaveGuard, Hook):
         for name, value in (("spike", loss), ("grad", grad_norm)):
             ceiling = self.ceilings.get(name, math.inf) if run.phase == self.phase else math.inf  # a new phase
             # starts its windows afresh (_observe): the previous phase's ceilings say nothing of its data
-            if name == "spike" and name in self.monitors and self.monitors[name].jumped(run.mod_capacity):
+            if name == "spike" and name in self.monitors and self.monitors[name].jumped(run.mod_layer_capacities):
                 continue  # another model since the last read: the window starts again (LossSpike._follow_capacity)
             if name not in self.paused and math.isfinite(ceiling):
                 bad = bad | (value > ceiling)

@@ -6,8 +6,9 @@ from __future__ import annotations
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.divergence import Divergence
 from trimtab.orchestrator.dpo_health import PreferenceFall
+from trimtab.orchestrator.loss_spike import LossSpike
 from trimtab.orchestrator.lr_rule import UnexplainedLR
-from trimtab.orchestrator.monitors import GradExplosion, LossSpike, Monitor, NonFinite
+from trimtab.orchestrator.monitors import GradExplosion, Monitor, NonFinite
 from trimtab.orchestrator.plateau import Plateau
 from trimtab.orchestrator.resources import Fp16Overflow, MemoryPressure, OutOfMemory, Throughput
 from trimtab.orchestrator.rl_health import EntropyCollapse, NoLearningSignal

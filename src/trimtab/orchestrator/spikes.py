@@ -1,5 +1,5 @@
 """The instability ladder's answers to a loss spike before it climbs, a part of InstabilityLadder
-(ladder.py): one in a phase's first steps (LossSpike's early bar: orchestrator/monitors.py) is
+(ladder.py): one in a phase's first steps (LossSpike's early bar: orchestrator/loss_spike.py) is
 answered at once, so few steps are at stake; a lone one later has its rows scored."""
 
 from __future__ import annotations

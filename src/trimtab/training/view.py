@@ -118,11 +118,11 @@ class RunView:
         return data_position(state) if isinstance(state, dict) else ""
 
     @property
-    def mod_capacity(self) -> float | None:
-        """The Mixture-of-Depths layers' mean capacity now, as a step's metrics give it (None: no MoD, or
-        pipeline stages: each holds other layers, and every rank must gate alike)."""
+    def mod_layer_capacities(self) -> list[float] | None:
+        """Each Mixture-of-Depths layer's capacity now, in layer order, as a step's metrics give them (None: no
+        MoD, or pipeline stages: each holds other layers, and every rank must gate alike)."""
         routers = [router.capacity for _, router in self._t.model.mod_layers()] if self._t.dist.pipeline is None else []
-        return sum(routers) / len(routers) if routers else None
+        return routers or None
 
     @property
     def tokens(self) -> int:
