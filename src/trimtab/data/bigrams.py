@@ -21,6 +21,7 @@ import numpy as np
 # word salad of them >= 0.30; Spanish, Russian, Turkish pages 0.03-0.06, their word order scored 0.5-1.4 bits)
 KNOWN_PAIRS = 0.2
 PRIOR = 2.0  # the full rule's Dirichlet prior weight of P(next) in P(next | word) (`prior`)
+GROUP_WORDS = 1 << 16  # words salad_bits_of_ids judges at once (junk.PIECE_WORDS: a document's pieces, 20K words)
 SCRAMBLE_LETTERS = 4  # words of this many letters or more are judged scrambled (shorter ones are anagrams by chance)
 SPELLING = 0.1  # a word under this share of its letters' spellings in the rest of the corpus is misspelt
 
@@ -124,7 +125,32 @@ def salad_bits(
 def salad_bits_of_ids(ids: np.ndarray, lengths: np.ndarray, reference: Bigrams, member: np.ndarray,
                 apart: np.ndarray | None = None, known: float = KNOWN_PAIRS, followers: bool = False
                 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """`salad_bits` of the words as `reference`'s ids; `followers`: smoothed by their distinct followers (`prior`)."""
+    """`salad_bits` of the words as `reference`'s ids; `followers`: smoothed by their distinct followers (`prior`).
+    Judged in groups of documents of about GROUP_WORDS words (`_groups`), each alone: a document's statistic is its
+    own words' only, so the same; all at once, a 5 MB document's 850K words held ~150 bytes a word (124 MB)."""
+    parts = []
+    for a, b, lo, hi in _groups(lengths):
+        ids_, member_, apart_ = ids[lo:hi], np.asarray(member, dtype=bool)[a:b], None if apart is None else apart[lo:hi]
+        parts.append(_salad_bits(ids_, lengths[a:b], reference, member_, apart_, known, followers))
+    if not parts:
+        return np.zeros(0), np.zeros(0, dtype=np.int64)
+    return np.concatenate([bits for bits, _ in parts]), np.concatenate([n for _, n in parts])
+
+
+def _groups(lengths: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """(first, end) documents and their (first, end) words of consecutive groups of GROUP_WORDS words or fewer (a
+    larger document a group of its own)."""
+    ends = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    out, a = [], 0
+    while a < len(lengths):
+        b = max(a + 1, int(np.searchsorted(ends, ends[a] + GROUP_WORDS, side="right")) - 1)
+        out.append((a, b, int(ends[a]), int(ends[b])))
+        a = b
+    return out
+
+
+def _salad_bits(ids: np.ndarray, lengths: np.ndarray, reference: Bigrams, member: np.ndarray,
+                apart: np.ndarray | None, known: float, followers: bool) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     doc = np.repeat(np.arange(len(lengths)), lengths)
     start = np.concatenate([[0], np.cumsum(lengths)])[:-1]
     local = np.arange(len(ids)) - start[doc]
@@ -228,14 +254,39 @@ def scrambled(
     key: dict[str, int] = {}  # each distinct long word's letters in order, numbered in this batch
     number = {w: key.setdefault(_letters(w), len(key)) for w in dict.fromkeys(flat) if len(w) >= SCRAMBLE_LETTERS}
     letters = np.fromiter(map(number.get, flat, itertools.repeat(len(key))), dtype=np.int64, count=len(flat))
+    del flat
     held = np.fromiter((reference.anagrams.get(k, 0) for k in key), dtype=np.int64, count=len(key))
-    long = letters < len(key)
     own = np.asarray(member, dtype=bool)[doc] if len(doc) else np.zeros(0, dtype=bool)
-    word_elsewhere = np.concatenate([reference.words, [0]])[ids] - np.where(own, _own_counts(doc, ids), 0)
-    letters_elsewhere = np.concatenate([held, [0]])[letters] - np.where(own, _own_counts(doc, letters), 0)
-    found = long & (word_elsewhere < SPELLING * letters_elsewhere)
-    n_long = np.bincount(doc, weights=long, minlength=len(docs))
-    return np.bincount(doc, weights=found, minlength=len(docs)) / np.maximum(n_long, 1), n_long.astype(np.int64)
+    words, held = np.concatenate([reference.words, [0]]), np.concatenate([held, [0]])
+    own_words, own_letters = _OwnCounts(doc, ids), _OwnCounts(doc, letters)
+    n_long, n_found = np.zeros(len(docs)), np.zeros(len(docs))
+    for lo in range(0, len(doc), GROUP_WORDS):  # a window of words at a time: the sums are of 0s and 1s, exact
+        at = slice(lo, lo + GROUP_WORDS)
+        d, mine = doc[at], own[at]
+        word_elsewhere = words[ids[at]] - np.where(mine, own_words.of(d, ids[at]), 0)
+        letters_elsewhere = held[letters[at]] - np.where(mine, own_letters.of(d, letters[at]), 0)
+        long = letters[at] < len(key)
+        n_long += np.bincount(d, weights=long, minlength=len(docs))
+        n_found += np.bincount(d, weights=long & (word_elsewhere < SPELLING * letters_elsewhere), minlength=len(docs))
+    return n_found / np.maximum(n_long, 1), n_long.astype(np.int64)
+
+
+class _OwnCounts:
+    """How often each (document, id) occurs among `doc`, `ids` (`_own_counts`'s), looked up a window at a time."""
+
+    def __init__(self, doc: np.ndarray, ids: np.ndarray) -> None:
+        self.size = int(ids.max()) + 1 if len(ids) else 1
+        keys = doc * self.size + ids
+        span = (int(doc[-1]) + 1) * self.size if len(doc) else 0  # doc ascends
+        if span <= 4 * len(keys):  # a few long documents (one file): counted without np.unique's sorted copies
+            counts = np.bincount(keys, minlength=span)
+            self.keys = np.flatnonzero(counts)
+            self.counts = counts[self.keys]
+        else:
+            self.keys, self.counts = np.unique(keys, return_counts=True)
+
+    def of(self, doc: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        return _lookup(self.keys, self.counts, doc * self.size + ids)
 
 
 def _letters(word: str) -> str:

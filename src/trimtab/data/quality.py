@@ -224,37 +224,72 @@ def latin_language(text: str) -> bool:
     their neighbours as a language's do (STRUCTURE), which no sequence of independently drawn
     letters does, whatever their frequencies or accents. Read for flagged documents only."""
     symbols = symbols_of(text)
-    space = symbols == SPACE
-    letter = ~space & (symbols != DIGIT) & (symbols != OTHER)
-    letters, spaces = int(letter.sum()), int(space.sum())
+    letters, spaces = letter_counts(symbols)
     if not letters or letters < LETTERS * (len(symbols) - spaces) or spaces < SPACES * len(symbols) or _mojibake(text):
         return False
-    return structure(symbols, letter) >= STRUCTURE
+    return structure(symbols) >= STRUCTURE
 
 
-def structure(symbols: np.ndarray, letter: np.ndarray, bits: float | None = None) -> float:
-    """Bits of structure between neighbouring characters (`symbols_of`'s; `letter`: which are letters):
-    adjacent-symbol information (`bits`, when known) + 2 x vowel alternation, which STRUCTURE bars (data/junk.py's
-    random letters too)."""
-    vowel = _IS_VOWEL[np.minimum(symbols, len(_IS_VOWEL) - 1)]
-    return (information(symbols) if bits is None else bits) + 2 * alternation(letter, vowel)
+def structure(symbols: np.ndarray, bits: float | None = None) -> float:
+    """Bits of structure between neighbouring characters (`symbols_of`'s): adjacent-symbol information (`bits`, when
+    known) + 2 x vowel alternation, which STRUCTURE bars (data/junk.py's random letters too)."""
+    return (information(symbols) if bits is None else bits) + 2 * alternation(symbols)
+
+
+def letter_counts(symbols: np.ndarray) -> tuple[int, int]:
+    """(letters, whitespace) among `symbols_of`'s symbols, counted a WINDOW at a time."""
+    letters = spaces = 0
+    for start in range(0, len(symbols), WINDOW):
+        window = symbols[start : start + WINDOW]
+        letters += int(_letter(window).sum())
+        spaces += int((window == SPACE).sum())
+    return letters, spaces
+
+
+def _letter(symbols: np.ndarray) -> np.ndarray:
+    return (symbols != SPACE) & (symbols != DIGIT) & (symbols != OTHER)
 
 
 SPACE, DIGIT, OTHER = ord(" "), ord("0"), ord(".")
 _IS_VOWEL = np.isin(np.arange(max(map(ord, VOWELS)) + 2), [ord(c) for c in VOWELS])  # by code point; past: no
+_WHITESPACE = re.compile(r"\s")  # str.isspace's characters (both Py_UNICODE_ISSPACE)
 _TABLE: dict[int, str | None] = {}  # str.translate's: character -> symbol (None: a combining mark, dropped)
+# Characters (symbols) a long text is read in by symbols_of and the neighbour statistics: whole, a 5 MB document's
+# int64 symbols, their pair codes and np.unique's sorted copies held 36 bytes a character (180 MB, data/junk.py's
+# letter_structure), a 50 MB one 1.8 GB; in windows, the uint16 symbols (2 bytes a character) and one window's
+# pairs (~60 bytes a symbol of a window): 4 bytes a character
+WINDOW = 1 << 16
 
 
 def symbols_of(text: str) -> np.ndarray:
-    """int64 code points of the characters a reader sees: letters lower-cased without their
+    """Code points (uint16, uint32 past the BMP) of the characters a reader sees: letters lower-cased without their
     combining marks (NFD), so that Vietnamese tones and Polish ogoneks are not new letters, one
     symbol for all whitespace, one for digits, one for everything else. Each distinct character is
-    classified once per process (_TABLE): the screen reads every flagged document."""
-    decomposed = unicodedata.normalize("NFD", text)
-    for code in {ord(c) for c in set(decomposed)} - _TABLE.keys():
-        _TABLE[code] = _symbol(chr(code))
-    mapped = decomposed.translate(_TABLE)
-    return np.frombuffer(mapped.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
+    classified once per process (_TABLE): the screen reads every flagged document. Read a WINDOW at a time."""
+    out, n = np.empty(len(text), dtype=np.uint16), 0
+    for piece in windows(text):
+        decomposed = unicodedata.normalize("NFD", piece)
+        for code in {ord(c) for c in set(decomposed)} - _TABLE.keys():
+            _TABLE[code] = _symbol(chr(code))
+        codes = np.frombuffer(decomposed.translate(_TABLE).encode("utf-32-le"), dtype=np.uint32)
+        if len(codes) and out.dtype == np.uint16 and int(codes.max()) > 0xFFFF:  # past the BMP: 4 bytes a symbol
+            out = out.astype(np.uint32)
+        if n + len(codes) > len(out):  # decomposed into more symbols than characters (Hangul's jamo, marks kept as ".")
+            grown = np.empty(max(n + len(codes), len(out) + len(text) // 8), dtype=out.dtype)
+            grown[:n], out = out[:n], grown
+        out[n : n + len(codes)] = codes
+        n += len(codes)
+    return out[:n]
+
+
+def windows(text: str) -> list[str]:
+    """`text` in pieces of WINDOW characters or more, each cut before the first whitespace from there: each
+    piece's words (str.split) and NFD are the whole text's there (one without whitespace is one piece)."""
+    pieces, at = [], 0
+    while len(text) - at > WINDOW and (found := _WHITESPACE.search(text, at + WINDOW)) is not None:
+        pieces.append(text[at : found.start()])
+        at = found.start()
+    return [*pieces, text[at:]]
 
 
 def _symbol(c: str) -> str | None:
@@ -273,23 +308,47 @@ def information(symbols: np.ndarray) -> float:
     document of 256 bytes sees a few hundred of the ~700 possible letter pairs)."""
     n = len(symbols)
     step = next(s for s in range(int(0.618 * n) + 1, 2 * n + 2) if math.gcd(s, n) == 1)  # visits every symbol
-    return _pair_entropy(symbols[np.arange(n) * step % max(n, 1)]) - _pair_entropy(symbols)
+    return _pair_entropy(symbols, step) - _pair_entropy(symbols, 1)
 
 
-def _pair_entropy(symbols: np.ndarray) -> float:
-    _, counts = np.unique((symbols[:-1] << 21) | symbols[1:], return_counts=True)  # code points < 2**21
-    p = counts / max(int(counts.sum()), 1)
+def _pair_entropy(symbols: np.ndarray, step: int) -> float:
+    """Entropy (bits) of the pairs of neighbours in the sequence symbols[i * step % n], i < n: each window's pairs
+    counted (np.unique), the counts merged, so the same counts in the same order as the whole sequence's."""
+    n = len(symbols)
+    keys, counts = [], []
+    for start in range(0, n - 1, WINDOW):
+        at = np.arange(start, min(start + WINDOW, n - 1) + 1, dtype=np.int64)
+        pair = symbols[at * step % n if step != 1 else at].astype(np.uint64)
+        key, count = np.unique((pair[:-1] << np.uint64(21)) | pair[1:], return_counts=True)  # code points < 2**21
+        keys.append(key)
+        counts.append(count)
+    if len(keys) > 1:
+        merged, inverse = np.unique(np.concatenate(keys), return_inverse=True)
+        counts = [np.bincount(inverse, weights=np.concatenate(counts), minlength=len(merged)).astype(np.int64)]
+    total = np.concatenate(counts) if counts else np.zeros(0, dtype=np.int64)
+    p = total / max(int(total.sum()), 1)
     return float(-(p * np.log2(p)).sum())
 
 
-def alternation(letter: np.ndarray, vowel: np.ndarray) -> float:
+def alternation(symbols: np.ndarray) -> float:
     """How much more often adjacent letters of a word are a vowel and a consonant than chance
-    (2p(1 - p), p the vowels' share): languages alternate them (Sukhotin 1962), random letters do not."""
-    both = letter[:-1] & letter[1:]
-    if not both.any():
+    (2p(1 - p), p the vowels' share): languages alternate them (Sukhotin 1962), random letters do not.
+    Counted a WINDOW at a time (the last symbol of one window paired with the next's first)."""
+    n = len(symbols)
+    letters = vowels = pairs = alternating = 0
+    for start in range(0, n, WINDOW):
+        end = min(start + WINDOW, n)
+        vowel = _IS_VOWEL[np.minimum(symbols[start : end + 1], len(_IS_VOWEL) - 1)]
+        is_letter = _letter(symbols[start : end + 1])
+        both = is_letter[:-1] & is_letter[1:]
+        letters += int(is_letter[: end - start].sum())
+        vowels += int((vowel & is_letter)[: end - start].sum())
+        pairs += int(both.sum())
+        alternating += int(((vowel[:-1] != vowel[1:]) & both).sum())
+    if not pairs:
         return 0.0
-    p = float(vowel[letter].mean())
-    return float((vowel[:-1] != vowel[1:])[both].mean()) - 2 * p * (1 - p)
+    p = vowels / letters
+    return alternating / pairs - 2 * p * (1 - p)
 
 
 def bytes_as_text(first: int, last: int) -> str:

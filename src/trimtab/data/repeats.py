@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from trimtab.data import quality
+
 # words in a run that counts as a repeat (Gopher's longest duplicate n-gram, 10: shorter runs recur in real text, a
 # licence's "WITHOUT ANY WARRANTY; without even the implied warranty" or code's "self.assertEqual(")
 REPEAT_WORDS = 10
@@ -30,19 +32,20 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)  # the golden ratio's 64 bits: a multiplica
 
 def repeated_share(text: str) -> float:
     """The share of `text`'s non-space characters in its longest stretch of words that each continue a run of
-    REPEAT_WORDS words which occurred earlier in it (the first occurrence not counted); 0.0 for under MIN_WORDS."""
-    words = text.split()
-    if len(words) < MIN_WORDS:
+    REPEAT_WORDS words which occurred earlier in it (the first occurrence not counted); 0.0 for under MIN_WORDS.
+    Its words are read a window at a time (quality.windows) into uint32 ids and lengths: whole, a 5 MB document's
+    words as strings, their int64 hashes and np.unique's copies held 20 bytes a character (100 MB); now 5."""
+    ids, lengths = _ids(text)
+    if len(ids) < MIN_WORDS:
         return 0.0
-    ids = _ids(words)
     starts = _repeat_starts(ids)
+    del ids
     if not len(starts):
         return 0.0
-    covered = np.zeros(len(words) + 1, dtype=np.int64)  # +1 at each repeated run's start, -1 past its end
-    np.add.at(covered, starts, 1)
-    np.add.at(covered, starts + REPEAT_WORDS, -1)
-    lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
-    return _longest_run(lengths, np.cumsum(covered[:-1]) > 0) / float(lengths.sum())
+    repeated = np.zeros(len(lengths), dtype=bool)  # each repeated run's REPEAT_WORDS words
+    for k in range(REPEAT_WORDS):
+        repeated[starts + k] = True
+    return _longest_run(lengths, repeated) / float(lengths.sum())
 
 
 def _longest_run(lengths: np.ndarray, repeated: np.ndarray) -> float:
@@ -50,26 +53,35 @@ def _longest_run(lengths: np.ndarray, repeated: np.ndarray) -> float:
     edges = np.flatnonzero(np.diff(np.concatenate([[0], repeated.astype(np.int8), [0]])))
     if not len(edges):
         return 0.0
-    ends = np.concatenate([[0], np.cumsum(lengths)])
+    ends = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
     return float((ends[edges[1::2]] - ends[edges[::2]]).max())
 
 
-def _ids(words: list[str]) -> np.ndarray:
-    """uint64: each word numbered by its first occurrence."""
+def _ids(text: str) -> tuple[np.ndarray, np.ndarray]:
+    """(uint32 ids, int32 lengths) of `text`'s whitespace-separated words, each numbered by its first occurrence."""
     number: dict[str, int] = {}
-    return np.fromiter((number.setdefault(w, len(number)) for w in words), dtype=np.uint64, count=len(words))
+    ids, lengths = [], []
+    for piece in quality.windows(text):
+        words = piece.split()
+        ids.append(np.fromiter((number.setdefault(w, len(number)) for w in words), dtype=np.uint32, count=len(words)))
+        lengths.append(np.fromiter(map(len, words), dtype=np.int32, count=len(words)))
+    return np.concatenate(ids), np.concatenate(lengths)
 
 
 def _repeat_starts(ids: np.ndarray) -> np.ndarray:
     """The positions whose run of REPEAT_WORDS words occurred at an earlier position (polynomial hashes modulo 2**64,
-    compared whole: equal hashes of different runs are ~2**-64 apart)."""
+    compared whole: equal hashes of different runs are ~2**-64 apart): after a stable sort of the hashes, each but
+    the first (the earliest) of a group of equal ones."""
     n = len(ids) - REPEAT_WORDS + 1
     key = np.zeros(n, dtype=np.uint64)
     with np.errstate(over="ignore"):  # wrapping around 2**64 is the hash
         for k in range(REPEAT_WORDS):
-            key = key * _MIX + ids[k : k + n] + np.uint64(1)
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    return np.flatnonzero(first[inverse] < np.arange(n))
+            key *= _MIX
+            key += ids[k : k + n]
+            key += np.uint64(1)
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    return np.sort(order[1:][key[1:] == key[:-1]])
 
 
 def row_repeat_share(targets: np.ndarray) -> float:

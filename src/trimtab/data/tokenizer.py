@@ -11,9 +11,11 @@ import os
 import re
 import time
 from collections.abc import Iterator
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from trimtab.config import DataConfig
@@ -37,8 +39,10 @@ MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # every byte plus the special tokens
 TRAIN_SAMPLE_BYTES = 50_000_000
 TRAIN_PIECE_CHARS = 1 << 16
 # Characters per encode_batch call. tokenizers holds ~130 bytes a character of a call's texts (a
-# 10M-character text whole: 1.3 GB), so a 50 MB one-line file read by a run took 7.7 GB whole.
-ENCODE_CALL_CHARS = 4_000_000
+# 10M-character text whole: 1.3 GB), so a 50 MB one-line file read by a run took 7.7 GB whole; calls of
+# 4M characters still held 0.5 GB while a 10 MB document was encoded, calls of 1M 0.28 GB (the
+# allocator keeps some of each call's)
+ENCODE_CALL_CHARS = 1_000_000
 
 
 HF_CONFIG = "tokenizer_config.json"  # beside a tokenizer.json: a Hugging Face tokenizer's settings
@@ -149,12 +153,14 @@ class TextTokenizer:
         """encode_text of each of `texts`, on the tokenizer's threads."""
         return [enc.ids for enc in self._plain().encode_batch(texts, add_special_tokens=False)]
 
-    def encode_documents(self, docs: list[Document]) -> list[list[list[int]]]:
-        """Each document's segments' ids. Special-token text is the special token only where a
+    def encode_documents(self, docs: list[Document], arrays: bool = False) -> list[list[Any]]:
+        """Each document's segments' ids (list[int] each; `arrays`: int32 numpy arrays, each encode
+        call's ids converted as it returns: a 50 MB document's 12M ids as Python ints held 0.43 GB,
+        as int32 48 MB). Special-token text is the special token only where a
         chat template wrote it (Document.markup), else text (encode_text). A segment whose
         special-token text all lies in its markup is encoded whole, specials matched (as a
         prompt); one with some inside a message's content is encoded between its markup's."""
-        out: list[list[list[int]]] = [[] for _ in docs]
+        out: list[list[list[Any]]] = [[] for _ in docs]  # each segment's ids in chunks, an encode call's each
         batches: dict[bool, list[tuple[int, int, str]]] = {False: [], True: []}  # specials matched?
         for i, doc in enumerate(docs):
             at = 0
@@ -166,15 +172,16 @@ class TextTokenizer:
                     batches[bool(found)].append((i, j, text))
                     out[i].append([])  # filled below, a batch at a time
                 else:
-                    out[i].append(self._between(text, [f for f in found if _covered(spans, f[0], f[1])]))
+                    out[i].append([self._between(text, [f for f in found if _covered(spans, f[0], f[1])])])
         for matched, items in batches.items():
             encoder = self._tok if matched else self._plain()
             if not matched:  # a long text in pieces cut where the pre-tokenizer splits: the same ids
                 items = [(i, j, p) for i, j, t in items for p in formats.pieces(t, formats.TEXT_CHUNK_CHARS)]
             for call in _calls(items):
                 for (i, j, _), enc in zip(call, encoder.encode_batch([t for *_, t in call], add_special_tokens=False)):
-                    out[i][j] += enc.ids
-        return out
+                    out[i][j].append(np.asarray(enc.ids, dtype=np.int32) if arrays else enc.ids)
+        join = _joined_array if arrays else _joined_list
+        return [[join(chunks) for chunks in segments] for segments in out]
 
     def _plain(self) -> Tokenizer:
         """A copy that reads special-token text as text (tokenizers' encode_special_tokens), made
@@ -290,6 +297,14 @@ def _calls(items: list[tuple[int, int, str]]) -> Iterator[list[tuple[int, int, s
         size += len(item[2])
     if call:
         yield call
+
+
+def _joined_list(chunks: list[list[int]]) -> list[int]:
+    return chunks[0] if len(chunks) == 1 else list(chain.from_iterable(chunks))
+
+
+def _joined_array(chunks: list[Any]) -> np.ndarray:
+    return np.concatenate([np.asarray(c, dtype=np.int32) for c in chunks]) if chunks else np.zeros(0, np.int32)
 
 
 def _within(spans: tuple[tuple[int, int], ...], start: int, end: int) -> list[tuple[int, int]]:
