@@ -78,6 +78,8 @@ class _Logged:
 class RolloutLoader(Ordered):
     """An RL phase's steps (see the module docstring); `policy` is set by the trainer."""
 
+    interrupt: Callable[[], None] | None = None  # the trainer's: raises at a stop signal, held-out scoring left off
+
     def __init__(
         self,
         problems: list[Problem],
@@ -321,7 +323,8 @@ class RolloutLoader(Ordered):
         eos = self.tok.eos_id
         with self._scoring:
             pool.timeout_s = timeout  # the knob as it is now
-            scored = pool.score([self.tok.decode([t for t in r.tokens if t != eos]) for r in rollouts], answers)
+            texts = [self.tok.decode([t for t in r.tokens if t != eos]) for r in rollouts]
+            scored = pool.score(texts, answers, self.interrupt if held_out else None)
         if not held_out:  # the training verifications' (rule rl_verifier's evidence)
             self._slowest = max(self._slowest, scored.slowest)
         return scored.rewards, scored.events

@@ -37,6 +37,7 @@ Verifier = Callable[[str, str], float]
 STARTUP_S = 120  # a worker's imports (a Python verifier's module: perhaps torch)
 PIPELINE = 4  # jobs a worker holds at once: one verifying, the rest waiting in its socket
 PIPELINE_BYTES = 16 * 1024  # the largest job sent to wait behind another (a socket buffers ~200 KB)
+POLL_S = 0.25  # the longest wait for a verdict before score() asks its `interrupt` again
 
 
 def final_answer(text: str) -> str:
@@ -236,15 +237,20 @@ class VerifierPool:
         worker.conn.close()
         self._workers[self._workers.index(worker)] = self._start()
 
-    def score(self, responses: list[str], answers: list[str]) -> Scored:
-        """Each response's reward (0 for one that timed out or raised, each said in `events`)."""
+    def score(self, responses: list[str], answers: list[str], interrupt: Callable[[], None] | None = None) -> Scored:
+        """Each response's reward (0 for one that timed out or raised, each said in `events`). `interrupt`,
+        called before each round of jobs sent and at least every POLL_S, raises to leave the scoring off (a
+        held-out evaluation's stop signal, training/policy.py): the verifications under way are killed."""
         out = Scored([0.0] * len(responses))
         pending, failed = deque(range(len(responses))), [0] * len(responses)
         while pending or any(w.jobs for w in self._workers):
+            self._give_way(interrupt)
             self._send(pending, responses, answers)
             busy = [w for w in self._workers if w.jobs]
             soonest = min(w.since for w in busy) + self.timeout_s
-            ready = wait([w.conn for w in busy], timeout=max(0.0, soonest - time.monotonic()))
+            # a signal does not end the wait (PEP 475 retries it): a slice of it, so a stop is heard within POLL_S
+            left = max(0.0, soonest - time.monotonic())
+            ready = wait([w.conn for w in busy], timeout=min(left, POLL_S) if interrupt else left)
             for w in busy:
                 if w.conn in ready:
                     try:
@@ -275,6 +281,19 @@ class VerifierPool:
                 else:
                     out.events.append({"index": index, "kind": kind, "detail": error})
         return out
+
+    def _give_way(self, interrupt: Callable[[], None] | None) -> None:
+        """`interrupt`'s error, if it raises, once the verifications under way are killed: their verdicts, still
+        to come, would be read as the next score()'s (a worker dead and idle is replaced at its next job, _send)."""
+        try:
+            if interrupt is not None:
+                interrupt()
+        except BaseException:
+            for w in [w for w in self._workers if w.jobs]:
+                w.process.kill()
+                w.process.wait()
+                w.jobs.clear()
+            raise
 
     def _send(self, pending: deque[int], responses: list[str], answers: list[str]) -> None:
         """Jobs to the workers, a turn each, up to PIPELINE queued in a worker's socket behind the

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 class LeftOff(Exception):
-    """An RL or DPO evaluation's generation left off for a stop's save (Trainer._left_off): its
+    """An RL or DPO evaluation's generation or scoring left off for a stop's save (Trainer._left_off): its
     message is the evaluation's error, the words a held-out loss's (sharded_loss) says."""
 
 
@@ -100,8 +100,9 @@ def policy_figures(t: Trainer) -> tuple[dict[str, Any], str]:
     answers, a response the verifier cannot take), as for a held-out loss. The ranks agree after
     it; neither evaluation has a collective inside (every rank answers every held-out prompt and
     scores every held-out pair), so a rank that failed alone keeps none waiting; a stop signal
-    leaves the generation off before its next forward, each rank at its own (torchrun's agent
-    signals every one), and the ranks agree after it as after an error."""
+    leaves the generation or the pair scoring off before its next forward, the verifier's scoring
+    before its next round, each rank at its own (torchrun's agent signals every one), and the
+    ranks agree after it as after an error."""
     t.watchdog.beat("evaluation")
     t.evaluating, error, figures = True, "", {}
     try:

@@ -5,15 +5,18 @@ evaluations at train.eval_every and at a phase's end, the run's last one tried a
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import torch
 
-from trimtab.distributed.group import gather_objects, side_sum
+from trimtab.distributed.group import all_max, gather_objects, side_sum
 from trimtab.rl.batches import RolloutLoader
 from trimtab.rl.preference import PairLoader
 from trimtab.training.evaluation import held_out_figures, policy_figures
 from trimtab.training.optim import build_optimizer
+from trimtab.training.policy import SCORING_ANSWERS
+from trimtab.training.resume import logged_eval
 from trimtab.training.schedule import phase_lr, set_lr_level
 from trimtab.training.services.signals import say_stopping
 
@@ -47,6 +50,18 @@ class Phases:
             self.best_eval, self.best_checkpoint = (self.state.step, score), -1  # found at the next save
         self._call("on_eval", self.last_eval)
         return self.last_eval
+
+    def _baseline_owed(self) -> bool:
+        """Whether the starting policy's held-out evaluation (RL's and DPO's yardstick) is to be taken now: at step
+        0 of a policy phase, unless metrics.jsonl holds it (a resume at step 0 after it was taken; any rank's
+        reading is every rank's). One left off at a stop's signal was lost: step 0's save predates it, and a resume
+        at step 0 took none (debug RL, SIGTERM in it, resumed: held-out figures at step 2 alone; now 0 and 2)."""
+        if self.state.step != 0 or not isinstance(self.loader, (RolloutLoader, PairLoader)):
+            return False
+        if self.resumed_from is None:
+            return True
+        (kept,) = all_max([float(bool(logged_eval(self.cfg.run_dir, 0)))])
+        return not kept
 
     def _stop_agreed(self) -> str:
         """After an evaluation that failed, on every rank at once (its error is agreed): a stop signal any rank
@@ -89,6 +104,7 @@ class Phases:
         self.loader = phase.loader(self.cfg, self.tok.pad_id, *self.data_shard)
         if isinstance(self.loader, RolloutLoader):  # an RL phase generates with the model it trains
             self.loader.policy, self.loader.snapshot = self._rollouts, self._policy_snapshot
+            self.loader.interrupt = partial(self._left_off, SCORING_ANSWERS)  # the verifier's held-out scoring
             self.loader.all_sum = self._all_sum
             if self.dist.world > 1:  # the rollout thread's sums apart (a bound `ctl max-staleness` raises too)
                 self.loader.side_sum, self.loader.gather = side_sum(), gather_objects

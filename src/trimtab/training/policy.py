@@ -22,6 +22,9 @@ from trimtab.rl.rollout import Rollout, generate
 from trimtab.rl.step import PolicyMicroBatch, RolloutBatch
 from trimtab.training.evaluation import LeftOff
 
+SCORING_PAIRS = "the held-out pair scoring"  # a DPO evaluation's, left off at a stop signal (_left_off)
+SCORING_ANSWERS = "the verifier's scoring of the held-out answers"  # an RL evaluation's
+
 
 class PolicyTraining:
     """What a Trainer trains policies with (RL, DPO); `reference` and `behaviour` are its state."""
@@ -94,9 +97,12 @@ class PolicyTraining:
         at = response_positions(targets, self.device)
         inputs, targets = inputs.to(self.device), targets.to(self.device)
         with self.precision.autocast():
+            # before each forward, as a generation's: it ran on (debug, 1,000 held-out pairs of ~100 tokens: 5.6 s)
+            self._left_off(SCORING_PAIRS)
             policy = target_logprobs(self.forward(inputs), self.model.lm_head.weight, targets, at, 1.0)
             if not self.cfg.dpo.uses_reference:
                 return policy, None
+            self._left_off(SCORING_PAIRS)
             return policy, reference_logprobs(self._reference(), inputs, targets, 1.0, at)
 
     @property
@@ -175,9 +181,10 @@ class PolicyTraining:
                 interrupt=self._left_off if evaluation else None,
             )
 
-    def _left_off(self) -> None:
-        """Before each forward of an evaluation's generation: a stop signal leaves it off for the stop's
-        save, as a held-out loss's after its micro-batch (training/evaluation.py); it ran on to its end (an RL
-        run's held-out generation, debug, 1,956 prompts x 48 tokens and 4 samples: the save 17 s after SIGTERM)."""
+    def _left_off(self, during: str = "the held-out generation") -> None:
+        """Before each forward of an evaluation's generation or pair scoring, and each round of its verifications
+        (rl/rewards.py): a stop signal leaves it off for the stop's save, as a held-out loss's after its
+        micro-batch (training/evaluation.py); it ran on to its end (an RL run's held-out generation, debug, 1,956
+        prompts x 48 tokens and 4 samples: the save 17 s after SIGTERM)."""
         if stop := self.dist.signalled():
-            raise LeftOff(f"{stop}: left off for the stop's save during the held-out generation")
+            raise LeftOff(f"{stop}: left off for the stop's save during {during}")

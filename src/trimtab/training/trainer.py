@@ -22,7 +22,7 @@ import torch
 from trimtab.data import MicroBatch, StepBatch
 from trimtab.distributed.ft import ReplicaGroups, check_groups
 from trimtab.rl.batches import RolloutLoader
-from trimtab.rl.preference import PairBatch, PairLoader, PairMicroBatch
+from trimtab.rl.preference import PairBatch, PairMicroBatch
 from trimtab.rl.replay import replaying
 from trimtab.rl.step import PolicyMicroBatch, RolloutBatch
 from trimtab.training.checkpointing import Checkpointing
@@ -148,8 +148,8 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
             self.control.apply()  # what hooks decided at the start (rows the data screen flagged) holds from step 1
             if self.resumed_from is None:
                 self.save()  # the initial weights: a good state to return to before any other exists
-                if isinstance(self.loader, (RolloutLoader, PairLoader)):
-                    self.evaluate()  # the starting policy's held-out figures: what RL is measured against
+            if self._baseline_owed():
+                self.evaluate()  # the starting policy's held-out figures: what RL is measured against
             while self.state.step < self.total_steps and not self.stop_reason:
                 self._maybe_next_phase()
                 t0 = time.perf_counter()
