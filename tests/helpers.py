@@ -2,6 +2,7 @@
 
 import gc
 import json
+import multiprocessing
 import os
 import socket
 import subprocess
@@ -183,6 +184,20 @@ def _forked(nproc: int, argv: list[str], log: Path) -> None:
     logs = [Path(f"{log}.rank{r}") for r in range(nproc)]
     told = "".join(f"--- rank {r}\n{p.read_text()[-4000:]}" for r, p in enumerate(logs) if p.is_file())
     assert rc == 0, f"exit {rc}\n{told}"
+
+
+def forked_ranks(target: Callable[..., None], tmp_path: Path, world: int = 2) -> list[dict]:
+    """`target(rank, store, out)` in `world` forked processes (a gloo group over the file `store`; each writes
+    its JSON to `out` formatted with its rank), joined within 60 s each; their records in rank order."""
+    fork = multiprocessing.get_context("fork")
+    out = str(tmp_path / "rank{rank}.json")
+    children = [fork.Process(target=target, args=(r, str(tmp_path / "store"), out)) for r in range(world)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(60)
+        assert child.exitcode == 0, "a rank failed or hung"
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
 
 def trimtab_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

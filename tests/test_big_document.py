@@ -5,12 +5,9 @@ document's tokens as Python ints), now 1.06 GB; docs/data.md, "Memory"."""
 
 from __future__ import annotations
 
-import collections
-import json
+import importlib
 import logging
-import os
 import random
-import re
 import subprocess
 import sys
 import tracemalloc
@@ -26,20 +23,17 @@ from trimtab.data.sources import Document
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _prose(size: int, seed: int = 0) -> str:
-    """About `size` characters of English: docstring paragraphs of a few standard modules, each repeated with a few
-    of its words swapped (a seeded RNG), a blank line between, as a long text file of notes or a book reads."""
-    docs = [getattr(m, n).__doc__ for m in (os, re, json, subprocess, collections, logging) for n in dir(m)]
-    paragraphs = sorted({" ".join(p.split()) for d in docs if isinstance(d, str) for p in d.split("\n\n")})
-    paragraphs = [p for p in paragraphs if len(p) > 200 and sum(c.isalpha() or c == " " for c in p) > 0.9 * len(p)]
-    rng, parts, total = random.Random(seed), [], 0
-    while total < size:
-        words = rng.choice(paragraphs).split(" ")
-        for _ in range(rng.randint(1, 5)):
-            words[rng.randrange(len(words))] = rng.choice(words)
-        parts.append(" ".join(words) + "\n\n")
-        total += len(parts[-1])
-    return "".join(parts)[:size]
+def _bench_module():
+    """bench/bigdoc.py, whose make_text writes the documents measured (its neighbours imported from bench/)."""
+    bench = str(Path(__file__).resolve().parent.parent / "bench")
+    sys.path.insert(0, bench)
+    try:
+        return importlib.import_module("bigdoc")
+    finally:
+        sys.path.remove(bench)
+
+
+_prose = _bench_module().make_text  # English of a few standard modules' docstrings, words swapped (seeded)
 
 
 def _peak(fn, *args) -> int:

@@ -4,7 +4,6 @@ same decision from the scores (two forked gloo processes; no training: the scori
 replaced by each rank's own numbers). Throughput across a resume on another number of processes."""
 
 import json
-import multiprocessing
 import os
 from contextlib import nullcontext
 from types import SimpleNamespace
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 import torch.distributed as dist
 
+from helpers import forked_ranks
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.data.batches import Owners, micro_batches
 from trimtab.data.packing import Rows
@@ -100,15 +100,7 @@ def test_rows_scored_by_the_rank_that_trained_them_agree_on_every_rank(tmp_path)
     every row: W times the work), on the copy it trained on (rank 0's corrupt copy of a row rank 1
     trained is not what was trained), in as many forwards as the other (FSDP gathers weights in
     each: one rank with fewer would leave the other waiting)."""
-    fork = multiprocessing.get_context("fork")
-    out = str(tmp_path / "rank{rank}.json")
-    children = [fork.Process(target=_rank, args=(r, str(tmp_path / "store"), out)) for r in range(2)]
-    for child in children:
-        child.start()
-    for child in children:
-        child.join(60)
-        assert child.exitcode == 0, "a rank failed or hung"
-    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    rank0, rank1 = forked_ranks(_rank, tmp_path)
     assert rank0["rows"] == rank1["rows"] == {"0": 9.0, "1": 5.0, "2": 5.0, "3": 9.5, "4": 5.0, "5": float("inf")}
     assert rank0["held_out"] == rank1["held_out"] == [5.0, 7.0, 4.9]
     assert (sorted(rank0["scored"]), sorted(rank1["scored"])) == (TRAINED[0], TRAINED[1])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -167,15 +168,7 @@ def test_rank_0_killed_under_torchrun_the_survivors_save_is_in_the_store(tmp_pat
     """`torchrun --nproc_per_node 2 trimtab train`, checkpoint.every=3, `kill_rank@5:0`: rank 1 saves step 4 and
     uploads it (before: rank 1 said "not uploaded to checkpoint.dir: rank 0 uploads there, and was lost", the
     store's newest step 3, no step mark); a fresh machine restored from the store resumes at step 4, 0 steps lost."""
-    store, out = tmp_path / "store", tmp_path / "run"
-    sets = ["train.max_steps=8", "train.eval_every=0", "train.log_every=1", "train.precision=fp32"]
-    sets += ["data.max_bytes=100000", "model.n_layers=1", "checkpoint.every=3", f"checkpoint.dir=file://{store}"]
-    sets += ["log.progress=false", "log.tensorboard=false", "log.report=false"]
-    args = [TRIMTAB_MAIN, "train", "--preset", "debug", "--out", str(out), "--inject", "kill_rank@5:0"]
-    args += [a for s in sets for a in ("--set", s)]
-    launch = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=0"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([*launch, *args], env=env, capture_output=True, text=True, timeout=240)
+    done, store, out = torchrun_losing_rank_0(tmp_path, "kill_rank@5:0")
     said = done.stderr[-6000:]
     assert "rank 1 saved step 4 alone" in said, said
     assert f"rank 1: step_000004 (the emergency save) uploaded to file://{store}" in said, said
@@ -187,3 +180,19 @@ def test_rank_0_killed_under_torchrun_the_survivors_save_is_in_the_store(tmp_pat
     (restart,) = [d for d in read_jsonl(tmp_path / "fresh" / "decisions.jsonl") if d["rule"] == "restart"]
     evidence = restart["evidence"]
     assert (evidence["resumed_step"], evidence["steps_lost"], evidence["step_exact"]) == (4, 0, True), evidence
+
+
+def torchrun_losing_rank_0(
+    tmp_path, fault: str, env: dict | None = None
+) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """`torchrun --nproc_per_node 2 trimtab train` of a one-layer debug model, 8 steps, checkpoint.every=3 into a
+    file:// store, `fault` injected (rank 0's loss); `env` over this one's. What it did, the store, the run."""
+    store, out = tmp_path / "store", tmp_path / "run"
+    sets = ["train.max_steps=8", "train.eval_every=0", "train.log_every=1", "train.precision=fp32"]
+    sets += ["data.max_bytes=100000", "model.n_layers=1", "checkpoint.every=3", f"checkpoint.dir=file://{store}"]
+    sets += ["log.progress=false", "log.tensorboard=false", "log.report=false"]
+    args = [TRIMTAB_MAIN, "train", "--preset", "debug", "--out", str(out), "--inject", fault]
+    args += [a for s in sets for a in ("--set", s)]
+    launch = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([*launch, *args], env=env, capture_output=True, text=True, timeout=240), store, out

@@ -6,7 +6,6 @@ together right after it (Phases._stop_agreed): 2 ranks, the agent's SIGKILL 30 s
 no checkpoint was saved; now step 2's is, 0.2 s after the signal."""
 
 import json
-import multiprocessing
 import os
 import signal
 from datetime import timedelta
@@ -17,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 import trimtab
+from helpers import forked_ranks
 from test_rl_knobs import LIKELIHOOD_RULES
 from trimtab.config import load_config
 from trimtab.distributed.parallel import Parallel
@@ -126,15 +126,7 @@ def _evaluate_as(rank: int, store: str, out: str) -> None:
 def test_ranks_take_a_stop_one_received_in_an_evaluation_together(tmp_path):
     """Before, rank 0 (the journal's) read the run as going on: it journaled an eval_error, tried its last
     evaluation again while rank 1 had broken off, and the stop waited for the next step's agreement."""
-    fork = multiprocessing.get_context("fork")
-    out = str(tmp_path / "rank{rank}.json")
-    children = [fork.Process(target=_evaluate_as, args=(r, str(tmp_path / "store"), out)) for r in range(2)]
-    for child in children:
-        child.start()
-    for child in children:
-        child.join(60)
-        assert child.exitcode == 0, "a rank failed or hung"
-    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    rank0, rank1 = forked_ranks(_evaluate_as, tmp_path)
     assert rank0["figures"] == rank1["figures"] == {}  # no result
     assert rank0["answered"] == rank1["answered"] == 1  # not tried again
     assert rank0["told"] == [["on_eval_error", 10, "another rank's evaluation failed (its log says why)", "SIGTERM"]]

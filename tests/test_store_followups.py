@@ -16,7 +16,6 @@ local folder (file://); and once through torchrun, rank 0 SIGKILLed (`kill_rank@
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 import time
 from types import SimpleNamespace
@@ -24,9 +23,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers import TORCHRUN, TRIMTAB_MAIN
 from test_dist2_lost_process import lost_session
 from test_emergency_upload import held, lose_peer_in, trainer
+from test_emergency_upload_rank0 import torchrun_losing_rank_0
 from trimtab.checkpoint import save_checkpoint, verify
 from trimtab.orchestrator.remedies import restart
 from trimtab.orchestrator.restarts import Resilience
@@ -244,18 +243,11 @@ def test_rank_0_killed_in_its_upload_under_torchrun(tmp_path):
     `kill_rank@4:0`: rank 1 uploads step 3 with the step mark (before: the store's newest step 0, no step mark), and
     a fresh machine resumes at step 3, 0 steps lost, its restart line naming the run directory it was restored from
     (before: "resilience.watchdog off: no beats", "torchrun's elastic agent restarted the job")."""
-    store, out, slow = tmp_path / "store", tmp_path / "run", tmp_path / "slow"
+    slow = tmp_path / "slow"
     slow.mkdir()
     (slow / "sitecustomize.py").write_text(SLOW_UPLOAD)
-    sets = ["train.max_steps=8", "train.eval_every=0", "train.log_every=1", "train.precision=fp32"]
-    sets += ["data.max_bytes=100000", "model.n_layers=1", "checkpoint.every=3", f"checkpoint.dir=file://{store}"]
-    sets += ["log.progress=false", "log.tensorboard=false", "log.report=false"]
-    args = [TRIMTAB_MAIN, "train", "--preset", "debug", "--out", str(out), "--inject", "kill_rank@4:0"]
-    args += [a for s in sets for a in ("--set", s)]
-    launch = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=0"]
     path = os.pathsep.join([str(slow), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-    done = subprocess.run([*launch, *args], env=env, capture_output=True, text=True, timeout=240)
+    done, store, out = torchrun_losing_rank_0(tmp_path, "kill_rank@4:0", {"PYTHONPATH": path})
     said = done.stderr[-6000:]
     assert f"rank 1: step_000003 (the newest checkpoint, saved before the loss) uploaded to file://{store}" in said
     assert held(store, 3) and step_mark(store) == "3", said
