@@ -18,10 +18,11 @@ def _step(step: int, gated: int, skipped: bool):
     return replace(metrics(step), rows=rows, gated_rows=rows[:gated], skipped=skipped)
 
 
-def _findings(gated: int) -> list:
-    """Steps 1-14 clean, 15-29 withheld with `gated` of their rows left out by the row gate, 30-40 clean."""
+def _findings(gated: int, stretch: int = 15) -> list:
+    """Steps 1-14 clean, `stretch` from 15 withheld with `gated` of their rows left out by the row gate, then clean."""
     guard = WithheldUpdates(OrchestratorConfig(withheld_window=20))
-    steps = [_step(s, gated if 15 <= s < 30 else 0, 15 <= s < 30) for s in range(1, 41)]
+    bad = range(15, 15 + stretch)
+    steps = [_step(s, gated if s in bad else 0, s in bad) for s in range(1, 15 + stretch + 11)]
     return [f for m in steps if (f := guard.observe(m)) is not None]
 
 
@@ -33,3 +34,17 @@ def test_withheld_steps_with_rows_left_to_train_still_count():
     """A spike's withheld steps, or steps the gate emptied only in part: the guard fires as before."""
     assert [f.step for f in _findings(gated=0)] == [25]
     assert [f.step for f in _findings(gated=ROWS - 1)] == [25]
+
+
+def test_garbage_for_good_is_a_run_that_does_not_train_again_past_a_window():
+    """Past two windows (40) of fully gated steps in a row they count again: a stream that stays garbage is
+    answered (at 11 more), a 25-step stretch (the 200-step scenario's) is not, and a resume keeps the streak."""
+    assert _findings(gated=ROWS, stretch=25) == []
+    assert [f.step for f in _findings(gated=ROWS, stretch=60)] == [65]  # 40 not counted, then 11 a finding
+    guard = WithheldUpdates(OrchestratorConfig(withheld_window=20))
+    for s in range(15, 35):
+        guard.observe(_step(s, ROWS, True))
+    resumed = WithheldUpdates(OrchestratorConfig(withheld_window=20))
+    resumed.load_state_dict(guard.state_dict())
+    found = [f for s in range(35, 70) if (f := resumed.observe(_step(s, ROWS, True))) is not None]
+    assert [f.step for f in found][:1] == [65]
