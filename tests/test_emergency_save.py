@@ -53,17 +53,22 @@ def trainer(out, every: int, *sets: str) -> Trainer:
     return Trainer(setup(cfg), hooks=built_in_hooks(cfg))
 
 
-def lose_peer_in(t: Trainer, step: int, monkeypatch) -> None:
-    """The step's gradient all-reduce fails as rank 1 dies in step `step`; DDP's conditions hold."""
-    reduce = t.dist.reduce_step
+def lose_peer_in(t: Trainer, step: int, monkeypatch, then=None) -> list[float]:
+    """The step's gradient all-reduce fails as rank 1 dies in step `step`; DDP's conditions hold; `then()` runs
+    first. The loss's time (time.monotonic()) goes into the list returned."""
+    reduce, when = t.dist.reduce_step, []
 
     def reduce_step(*args, **kwargs):
         if t.state.step + 1 == step:
+            if then is not None:
+                then()
+            when.append(time.monotonic())
             raise RuntimeError(GLOO)
         return reduce(*args, **kwargs)
 
     monkeypatch.setattr(t.dist, "reduce_step", reduce_step)
     monkeypatch.setattr(t, "emergency_save_possible", lambda: None, raising=False)  # old code: none
+    return when
 
 
 def test_a_peer_lost_mid_step_leaves_the_last_completed_step_saved_as_a_normal_save_would(tmp_path, monkeypatch, capfd):

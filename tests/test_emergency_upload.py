@@ -13,55 +13,23 @@ import time
 
 import pytest
 
-from trimtab.api import built_in_hooks
-from trimtab.config import load_config
+from test_emergency_save import lose_peer_in
+from test_emergency_save import trainer as save_trainer
 from trimtab.resilience import watchdog
 from trimtab.resilience.watchdog import HUNG
 from trimtab.rundir import read_jsonl
 from trimtab.storage import MANIFEST, Remote
 from trimtab.training import emergency
 from trimtab.training.services.storage import RemoteCheckpoints
-from trimtab.training.setup import setup
 from trimtab.training.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-GLOO = "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:13971. This is typically caused by"
-SETS = [
-    "train.max_steps=6",
-    "train.eval_every=0",
-    "train.log_every=1",
-    "log.progress=false",
-    "log.tensorboard=false",
-    "log.report=false",
-    "data.max_bytes=100000",
-    "model.n_layers=1",
-    "train.precision=fp32",
-    "checkpoint.every=3",
-]
-
 
 def trainer(out, store: str, *sets: str) -> Trainer:
-    cfg = load_config(preset="debug", overrides={"out": str(out)}, sets=[*SETS, f"checkpoint.dir={store}", *sets])
-    return Trainer(setup(cfg), hooks=built_in_hooks(cfg))
-
-
-def lose_peer_in(t: Trainer, step: int, monkeypatch, then=None) -> list[float]:
-    """Step `step`'s gradient all-reduce fails as rank 1 dies (DDP's conditions hold); `then()` runs first. The
-    loss's time (time.monotonic()) goes into the list returned."""
-    reduce, when = t.dist.reduce_step, []
-
-    def reduce_step(*args, **kwargs):
-        if t.state.step + 1 == step:
-            if then is not None:
-                then()
-            when.append(time.monotonic())
-            raise RuntimeError(GLOO)
-        return reduce(*args, **kwargs)
-
-    monkeypatch.setattr(t.dist, "reduce_step", reduce_step)
-    monkeypatch.setattr(t, "emergency_save_possible", lambda: None)
-    return when
+    """test_emergency_save's run (checkpoints every 3 steps), 6 steps logged each, uploaded to `store`."""
+    upload = ["train.max_steps=6", "train.log_every=1", "log.report=false", f"checkpoint.dir={store}"]
+    return save_trainer(out, 3, *upload, *sets)
 
 
 def held(store, step: int) -> bool:
