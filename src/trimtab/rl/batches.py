@@ -32,7 +32,7 @@ from trimtab.rl import curriculum, replay
 from trimtab.rl.engine import RolloutQueue
 from trimtab.rl.loss import advantages, normaliser, token_weights
 from trimtab.rl.order import EpochOrder, Ordered, fingerprint
-from trimtab.rl.rewards import VerifierPool
+from trimtab.rl.rewards import VerifierPool, taken
 from trimtab.rl.rollout import Rollout
 from trimtab.rl.step import (
     SUMS,
@@ -321,7 +321,7 @@ class RolloutLoader(Ordered):
                 self._held_out_pool = VerifierPool(spec, workers, timeout, retries, key="rl.held_out_reward")
             pool = self._held_out_pool
         eos = self.tok.eos_id
-        with self._scoring:
+        with taken(self._scoring, self.interrupt if held_out else None):
             pool.timeout_s = timeout  # the knob as it is now
             texts = [self.tok.decode([t for t in r.tokens if t != eos]) for r in rollouts]
             scored = pool.score(texts, answers, self.interrupt if held_out else None)

@@ -23,9 +23,11 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -38,6 +40,21 @@ STARTUP_S = 120  # a worker's imports (a Python verifier's module: perhaps torch
 PIPELINE = 4  # jobs a worker holds at once: one verifying, the rest waiting in its socket
 PIPELINE_BYTES = 16 * 1024  # the largest job sent to wait behind another (a socket buffers ~200 KB)
 POLL_S = 0.25  # the longest wait for a verdict before score() asks its `interrupt` again
+
+
+@contextmanager
+def taken(lock: threading.Lock, interrupt: Callable[[], None] | None) -> Iterator[None]:
+    """`lock` held; while another holds it (async RL's rollout thread scoring a training batch: up to
+    rl.verifier_timeout_s a verification), `interrupt` is asked every POLL_S and may raise to leave the
+    wait (a held-out evaluation's stop signal: it waited on through the whole batch's scoring)."""
+    if interrupt is None:
+        lock.acquire()
+    while interrupt is not None and not lock.acquire(timeout=POLL_S):
+        interrupt()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def final_answer(text: str) -> str:
