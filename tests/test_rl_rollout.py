@@ -3,13 +3,15 @@ cache, for every kind of layer (dense, MoE, Mixture-of-Depths, both)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
 from trimtab.config import ModelConfig
 from trimtab.model import Transformer, build_model
-from trimtab.rl.replay import collate, recording, replaying
+from trimtab.rl.replay import collate, collate_rollouts, recording, replaying
 from trimtab.rl.rollout import generate
 from trimtab.sampling import generate as generate_one
 
@@ -70,7 +72,7 @@ def test_prompts_the_model_cannot_hold_are_refused():
         generate(m, [[1], []], 4, EOS)
 
 
-def _batch_logprobs(m: Transformer, rollouts, experts=None, depth: bool = False) -> list[list[float]]:
+def _batch_logprobs(m: Transformer, rollouts, experts=None, depth: bool = False, decided=None) -> list[list[float]]:
     """Each response token's log-probability from one training-mode forward over the rollouts,
     right-padded into one batch as rl/batches.py collates them."""
     width = max(len(r.prompt) + len(r.tokens) - 1 for r in rollouts)
@@ -79,7 +81,7 @@ def _batch_logprobs(m: Transformer, rollouts, experts=None, depth: bool = False)
         seq = r.prompt + r.tokens
         inputs[b, : len(seq) - 1] = torch.tensor(seq[:-1])
     m.train()
-    with torch.no_grad(), replaying(m, experts, depth):
+    with torch.no_grad(), replaying(m, experts, depth, decided):
         full = torch.log_softmax(m(inputs).float(), -1)
     m.eval()
     return [[float(full[b, len(r.prompt) - 1 + i, t]) for i, t in enumerate(r.tokens)] for b, r in enumerate(rollouts)]
@@ -161,3 +163,59 @@ def test_routing_replay_of_a_moe_mod_block_its_predictor_passes_over_keeps_every
         logits = m(inputs)
     assert inner.aux_loss is None
     (logits.sum() + m.aux_loss()).backward()  # before: "Trying to backward through the graph a second time"
+
+
+def test_routing_replay_imposes_the_mixture_of_depths_decisions_generation_made():
+    """Generation records each Mixture-of-Depths block's decisions (Rollout.depth) and the replayed training
+    forward takes them, not the predictor's answer asked again: that answer's input, decoded on the KV cache,
+    rounds otherwise than a whole sequence's, and a near-tie at 0 flips (as a router's top-k does). Here the
+    predictor changed after generation (every decision flips): replayed by the predictor the log-probabilities
+    move, by the record they are the behaviour ones."""
+    m = model(["dense", "mod"])
+    g = torch.Generator().manual_seed(3)
+    rollouts = generate(m, [p for p in PROMPTS for _ in range(4)], 10, EOS, generator=g, record_routing=True)
+    (_, router), alone = m.mod_layers()[0], rollouts[1]
+    for r in rollouts:
+        assert r.depth.shape == (1, len(r.prompt) + len(r.tokens) - 1) and r.depth.dtype == bool
+        assert r.experts is None  # no MoE layer
+    with torch.no_grad(), recording(m, 1) as routes:  # the prompt's: a full forward's over the prompt alone
+        m(torch.tensor([alone.prompt]))
+    assert (routes.decisions(0, 0, len(alone.prompt)) == alone.depth[:, : len(alone.prompt)]).all()
+    assert routes.sequence(0, 0, 1) is None and 0 < alone.depth.sum() < alone.depth.size
+    with torch.no_grad():
+        router.predictor[-1].weight.neg_()
+    width = max(len(r.prompt) + len(r.tokens) - 1 for r in rollouts)
+    _, depth = collate_rollouts(rollouts, width)
+    for got, r in zip(_batch_logprobs(m, rollouts, depth=True, decided=depth), rollouts):
+        assert got == pytest.approx(r.logprobs, abs=1e-4)
+    asked = _batch_logprobs(m, rollouts, depth=True)
+    assert max(abs(a - b) for got, r in zip(asked, rollouts) for a, b in zip(got, r.logprobs)) > 1e-2
+    assert router.decided is None and router.recorded is None
+    restored = type(r).from_state(json.loads(json.dumps(r.state_dict())))  # a checkpoint's queued batch
+    assert (restored.depth == r.depth).all() and restored.depth.dtype == bool
+
+
+class _Always(torch.nn.Module):
+    """A predictor that sends every token through its block, the left pads of a ragged batch included."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ones(*x.shape[:-1], 1, dtype=x.dtype, device=x.device)
+
+
+@pytest.mark.parametrize("pattern", [["dense", "mod"], ["moe+mod"]])
+def test_a_left_pad_a_mixture_of_depths_predictor_chooses_is_no_key(pattern):
+    """A left pad the predictor sent through a block was marked a key there (KVCache.mark), and the row's real
+    tokens attended to it: debug-mod trained 150 steps, 4 prompts of 3-20 tokens generated at once, log-
+    probabilities up to 0.48 off the row's own and greedy tokens other than the row's alone (RL's importance
+    ratios off by as much: a mean |log ratio| of 0.058 over 6,136 tokens, now 4e-7)."""
+    m = model(pattern)
+    for _, router in m.mod_layers():
+        router.predictor = _Always()
+    rollouts = generate(m, PROMPTS, 8, EOS, temperature=0.0)
+    for prompt, r in zip(PROMPTS, rollouts, strict=True):
+        assert r.tokens == generate_one(m, prompt, 8, temperature=0.0, eos_id=EOS), prompt
+        with torch.no_grad():
+            full = torch.log_softmax(m(torch.tensor([prompt + r.tokens]))[0].float(), -1)
+        assert r.logprobs == pytest.approx(
+            [float(full[len(prompt) - 1 + i, t]) for i, t in enumerate(r.tokens)], abs=1e-4
+        )

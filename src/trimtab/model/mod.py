@@ -69,9 +69,12 @@ class DepthRouter(nn.Module):
         self.warming = self.capacity > self.target  # a bool, not the floats: one recompile when it flips
         self.aux_loss: torch.Tensor | None = None
         self.stats: dict[str, torch.Tensor] = {}
-        # RL's routing replay (rl/replay.py): a training forward routes by the causal predictor,
-        # as generation did, instead of by top-k at the capacity
+        # RL's routing replay (rl/replay.py): a training forward routes by the causal predictor, as
+        # generation did, instead of by top-k at the capacity; by generation's own decisions where
+        # recorded: `recorded` collects each generating forward's [B * T, 1], `decided` [B, T] imposes them
         self.replay = False
+        self.recorded: list[torch.Tensor] | None = None
+        self.decided: torch.Tensor | None = None
 
     def set_step(self, step: int) -> None:
         """Capacity at optimizer step `step`: linear from 1.0 down to `target` over warmup_steps."""
@@ -145,7 +148,11 @@ class DepthRouter(nn.Module):
         idle: Callable[[int], None] | None = None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
-        chosen = self.predictor(x).squeeze(-1) > 0  # [B, T]: from x_t alone, so causal
+        # [B, T]: from x_t alone, so causal; replayed, generation's: its x_t, decoded on the KV cache, rounds
+        # otherwise than a whole sequence's, and a near-tie at 0 flips (rl/replay.py)
+        chosen = self.predictor(x).squeeze(-1) > 0 if self.decided is None else self.decided
+        if self.recorded is not None:
+            self.recorded.append(chosen.reshape(-1, 1))
         offset = cache.pos if cache is not None else 0
         keep = cache.mark(layer, chosen) if cache is not None else chosen  # [B, S]
         # a full forward under torch.compile runs f anyway: bool() here would split the graph

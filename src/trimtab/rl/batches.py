@@ -402,10 +402,9 @@ class RolloutLoader(Ordered):
         # weights this micro-batch's auxiliary losses and router statistics by
         n = int(normaliser([len(r.tokens) for r in rollouts], cfg.aggregation, cfg.max_new_tokens))
         advantage = torch.tensor([batch.advantage[i] for i in group])
-        experts = replay.collate([r.experts for r in rollouts], width) if rollouts[0].experts is not None else None
-        temperature = torch.tensor([r.temperature for r in rollouts])
-        rows = [batch.rows[i] for i in group]
-        return PolicyMicroBatch(inputs, targets, n, rows, old, advantage, weights, experts, temperature)
+        experts, depth = replay.collate_rollouts(rollouts, width)
+        temperature, rows = torch.tensor([r.temperature for r in rollouts]), [batch.rows[i] for i in group]
+        return PolicyMicroBatch(inputs, targets, n, rows, old, advantage, weights, experts, temperature, depth)
 
     def drop_ahead(self) -> None:
         """Drop the batches generated ahead (rl.max_staleness), after the one generating now has finished: the

@@ -42,17 +42,27 @@ class Rollout:
     # (prompt + response less the last token), for routing replay (rl/replay.py); None without
     experts: np.ndarray | None = None
     temperature: float = 1.0  # the one it was sampled at (<= 0: greedy)
+    # bool [Mixture-of-Depths layers, input positions]: whether each block processed each position, for
+    # routing replay as `experts`; None without (a checkpoint's batch queued before they were recorded)
+    depth: np.ndarray | None = None
 
     def state_dict(self) -> dict:
         """As JSON holds it (a checkpoint's queued rollouts, rl/engine.py)."""
         state = dict(vars(self))
         state["experts"] = None if self.experts is None else self.experts.tolist()
+        state["depth"] = None if self.depth is None else self.depth.astype(np.uint8).tolist()
         return state
 
     @classmethod
     def from_state(cls, state: dict) -> Rollout:
-        experts = state["experts"]
-        return cls(**{**state, "experts": None if experts is None else np.asarray(experts, dtype=np.int16)})
+        experts, depth = state["experts"], state.get("depth")
+        return cls(
+            **{
+                **state,
+                "experts": None if experts is None else np.asarray(experts, dtype=np.int16),
+                "depth": None if depth is None else np.asarray(depth, dtype=bool),
+            }
+        )
 
 
 def generate(
@@ -70,8 +80,9 @@ def generate(
 ) -> list[Rollout]:
     """One response per prompt (repeat a prompt for a group of samples). temperature <= 0 is
     greedy (its log-probabilities: at temperature 1). `record_routing`: each rollout keeps its
-    MoE layers' choices (Rollout.experts; rl/replay.py). `interrupt`, called before each forward,
-    raises to leave the generation off (a held-out evaluation's stop signal, training/policy.py)."""
+    MoE layers' choices and Mixture-of-Depths layers' decisions (Rollout.experts, .depth; rl/replay.py).
+    `interrupt`, called before each forward, raises to leave the generation off (a held-out evaluation's
+    stop signal, training/policy.py)."""
     longest, limit = max(len(p) for p in prompts), model.cfg.max_seq_len
     if min(len(p) for p in prompts) == 0 or longest >= limit:
         raise ValueError(f"every prompt needs 1 to {limit - 1} tokens (model.max_seq_len={limit}); got {longest}")
@@ -86,7 +97,8 @@ def generate(
             rows = zip(prompts, tokens.tolist(), logprobs.tolist(), entropies.tolist())
             rollouts = [_rollout(p, t, lp, h, eos_id, version, temperature) for p, t, lp, h in rows]
             for row, r in enumerate(rollouts if routes else []):
-                r.experts = routes.sequence(row, longest - len(r.prompt), len(r.prompt) + len(r.tokens) - 1)
+                at = (row, longest - len(r.prompt), len(r.prompt) + len(r.tokens) - 1)
+                r.experts, r.depth = routes.sequence(*at), routes.decisions(*at)
     finally:
         model.train(was_training)
     return rollouts

@@ -55,6 +55,7 @@ class PolicyMicroBatch(MicroBatch):
     # fp32 [B]: each response's sampling temperature (Rollout.temperature): the objective evaluates
     # the policy at it, not at the knob as it is now (a batch queued ahead was drawn before a change)
     temperature: torch.Tensor = None
+    depth: torch.Tensor | None = None  # bool [B, T, MoD layers]: generation's decisions, replayed likewise
     # n_targets: this micro-batch's part of the step's normaliser (its response tokens under token_mean)
 
 

@@ -315,7 +315,7 @@ class Trainer(Checkpointing, Phases, PolicyTraining, OomRecovery):
             depth = isinstance(micro, PolicyMicroBatch) and self.cfg.rl.routing_replay
             gate = self.row_gate if gating and type(micro) is MicroBatch else None
             picked = gate.candidates(micro.targets, mix_parts(self.loader, micro.rows), self.loader) if gate else []
-            with replaying(self.model, getattr(micro, "experts", None), depth):
+            with replaying(self.model, getattr(micro, "experts", None), depth, getattr(micro, "depth", None)):
                 inputs = micro.inputs.to(self.device, non_blocking=True)
                 targets = micro.targets.to(self.device, non_blocking=True)
                 share = micro.n_targets / batch.n_targets
