@@ -37,14 +37,14 @@ def test_withheld_steps_with_rows_left_to_train_still_count():
 
 
 def test_garbage_for_good_is_a_run_that_does_not_train_again_past_a_window():
-    """Past two windows (40) of fully gated steps in a row they count again: a stream that stays garbage is
-    answered (at 11 more), a 25-step stretch (the 200-step scenario's) is not, and a resume keeps the streak."""
+    """Past two windows (40) of fully gated steps a stream that stays garbage is answered (the data's: a stop,
+    test_withheld_data.py), a 25-step stretch (the 200-step scenario's) is not, and a resume keeps the streak."""
     assert _findings(gated=ROWS, stretch=25) == []
-    assert [f.step for f in _findings(gated=ROWS, stretch=60)] == [65]  # 40 not counted, then 11 a finding
+    assert [(f.step, f.family) for f in _findings(gated=ROWS, stretch=60)] == [(55, "data")]  # the 41st step
     guard = WithheldUpdates(OrchestratorConfig(withheld_window=20))
     for s in range(15, 35):
         guard.observe(_step(s, ROWS, True))
     resumed = WithheldUpdates(OrchestratorConfig(withheld_window=20))
     resumed.load_state_dict(guard.state_dict())
     found = [f for s in range(35, 70) if (f := resumed.observe(_step(s, ROWS, True))) is not None]
-    assert [f.step for f in found][:1] == [65]
+    assert [f.step for f in found][:1] == [55]

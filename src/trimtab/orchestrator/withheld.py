@@ -25,11 +25,26 @@ row of steps 15-29 gated): the guard rolled back at step 25 with the LR x0.1, gi
 steps, val 4.438 against 4.171 clean (+6.4%; seeds 1, 2: +10.2%, +11.1%); not counted, 4.236 (+1.5%;
 seeds 1, 2: +1.3%, +1.5%; 12 of the 15 updates made up, `make_up.max_fraction`). Such steps are
 journaled one by one (rule row_gate, skip_data) and made up. Past two windows of them in a row they count
-again: a stream that stays all garbage is a run that does not train (the guard's rollback, then its stop,
-exit 3), not one that "completed" with frozen weights. Past one window, a 25-step stretch (200 steps,
+again (where they are not the data's, below): a run that does not train, not one that "completed" with
+frozen weights. Past one window, a 25-step stretch (200 steps,
 `bad_batch@25:25`: 5 counted) and the spike rule's 5 withheld steps after it (the first clean losses over a
 trend extrapolated across the frozen steps) made 11 of 20: the guard's rollback with the LR x0.1, val 4.252
 against 3.841 past two (3.834 clean).
+
+A stream that stays garbage is the data's, not an LR's: past two windows of steps none of which
+trained on mostly clean rows (each withheld, or most of its rows gated), with at least 90% of their rows
+gated, the guard stops the run (exit 3, as any stop the orchestrator cannot heal) with a `data` finding
+that names the steps, the rows gated, a sample of them with their source files (and mixture sources), the
+loader's position and what to check; no rollback (it would replay the same stream) and no LR cut (the LR
+was never in question). Debug, 120 steps, `bad_batch@15:106` (garbage to the end): the gate let a step's
+rows through now and then (steps 37, 41, 80, 83: a spike or the data watch withheld them), which reset
+the count of fully gated steps in a row, so the guard never answered; the grad rule's window filled with
+the gated steps' 0.0 norms and its ceiling of 0 raised ZeroDivisionError at step 97 (exit 1, monitors.py);
+with the grad rule fixed alone the run "completed" at step 133 with frozen weights (val 5.311, 106 updates
+withheld); now it stops at step 55 (1,310 of the 1,312 rows of steps 15-55 gated) with the data named. The
+loader draws each epoch's rows shuffled over the whole corpus (a mixture: each step from every source, so
+one source's garbage leaves the others' rows to train on and no stretch forms), so 40 steps of garbage are
+the corpus's or its pipeline's, not one shard's that skipping ahead would leave behind: a person's to fix.
 """
 
 from __future__ import annotations
@@ -39,10 +54,13 @@ from typing import Any
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, StepMetrics
 from trimtab.orchestrator.remedies import Remedy, lr_cut
+from trimtab.training.state import GAVE_UP
 
 WITHHELD_RULE = "withheld"
 PERSON_LR = ("scale_lr", "set_lr")  # a person's LR commands (trimtab ctl)
 STRENGTH = 0.9  # a count, not a threshold on noise: the updates were withheld or not
+GARBAGE_SHARE = 0.9  # of a stretch's rows gated: the data's (debug, garbage to the end: 1,310 of 1,312 at 41 steps)
+SAMPLE = 16  # rows of the stretch's first and last steps kept to name (their sources: RunView.row_sources)
 
 
 class WithheldUpdates:
@@ -52,11 +70,14 @@ class WithheldUpdates:
         self.window = cfg.withheld_window
         self.steps: dict[str, bool] = {}  # step (a string: JSON keys) -> its update withheld
         self.gated = 0  # steps in a row whose every row the row gate left out
+        self.stretch: dict[str, Any] = {}  # steps in a row that trained on no clean rows (_extend)
 
     def observe(self, m: StepMetrics) -> Finding | None:
         """A finding when most of the window's updates were withheld."""
         self.steps = {s: w for s, w in self.steps.items() if m.step - self.window < int(s) < m.step}
         self.gated = self.gated + 1 if all_rows_gated(m) else 0
+        if (garbage := self._extend(m)) is not None:
+            return garbage
         if 0 < self.gated <= 2 * self.window:  # the data's, left out already: not training that fails to train
             return None
         self.steps[str(m.step)] = m.skipped
@@ -73,15 +94,48 @@ class WithheldUpdates:
             strength=STRENGTH,
         )
 
+    def _extend(self, m: StepMetrics) -> Finding | None:
+        """The stretch of steps that trained on no clean rows, `m` added (a step that trained on mostly
+        clean rows ends it); a `data` finding once it passes two windows with GARBAGE_SHARE of its rows gated."""
+        mostly = bool(m.rows) and 2 * len(m.gated_rows) > len(m.rows)
+        if not (mostly or (m.skipped and self.stretch)):
+            self.stretch = {}
+            return None
+        s = self.stretch or {"first": m.step, "steps": 0, "rows": 0, "gated": 0, "sample": m.gated_rows[:SAMPLE]}
+        s.update(last=m.step, steps=s["steps"] + 1, rows=s["rows"] + len(m.rows))
+        s["gated"] += len(m.gated_rows)
+        self.stretch = s
+        if s["steps"] <= 2 * self.window or s["gated"] < GARBAGE_SHARE * s["rows"]:
+            return None
+        self.stretch, self.steps, self.gated = {}, {}, 0  # answered: a run the stop did not end starts over
+        steps, sample = f"{s['first']}-{s['last']}", sorted(set(s["sample"]) | set(m.gated_rows[:SAMPLE]))
+        evidence = {
+            "steps": steps,
+            "stretch": s["steps"],
+            "rows_seen": s["rows"],
+            "rows_gated": s["gated"],
+            "sample": sample,
+        }
+        return Finding(
+            rule=WITHHELD_RULE,
+            family="data",
+            step=m.step,
+            evidence=evidence | {"window": self.window},
+            summary=f"the data has been garbage for {s['steps']} steps: {s['gated']:,} of the {s['rows']:,} rows "
+            f"of steps {steps} left out by the row gate",
+            strength=STRENGTH,
+        )
+
     def shift(self) -> None:
         """A rollback: the steps counted from here are new ones."""
-        self.steps, self.gated = {}, 0
+        self.steps, self.gated, self.stretch = {}, 0, {}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": dict(self.steps), "gated": self.gated}
+        return {"steps": dict(self.steps), "gated": self.gated, "stretch": dict(self.stretch)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps, self.gated = dict(state.get("steps", {})), int(state.get("gated", 0))
+        self.stretch = dict(state.get("stretch", {}))
 
 
 def all_rows_gated(m: StepMetrics) -> bool:
@@ -92,15 +146,18 @@ def all_rows_gated(m: StepMetrics) -> bool:
 def person_lr(f: Finding, decisions: list[Any]) -> Finding:
     """`f`, naming the last LR a person set (trimtab ctl: a journaled "manual" decision), if any."""
     person = next((d for d in reversed(decisions) if d.rule == "manual" and d.action in PERSON_LR), None)
-    if person is not None:
+    if person is not None and f.family != "data":  # a stream of garbage is no LR's
         f.evidence["person_lr"] = {"step": person.step, "action": person.action, "params": dict(person.params)}
         f.summary += f" (the LR a person set at step {person.step} included)"
     return f
 
 
 def answer_withheld(policy: Any, f: Finding, view: Any) -> Remedy:
-    """The guard's finding: roll back with the LR cut under the schedule's; else stop (exit 3).
-    `policy`: the InstabilityLadder (its rollback count, _rolled_back and _give_up)."""
+    """The guard's finding: roll back with the LR cut under the schedule's; else stop (exit 3); a stream
+    of garbage: stop naming the data (garbage_stop). `policy`: the InstabilityLadder (its rollback
+    count, _rolled_back and _give_up)."""
+    if f.family == "data":
+        return garbage_stop(f, view)
     cfg, ev = policy.cfg, f.evidence
     frozen = f"{ev['withheld']} of the last {ev['window']} updates were withheld: the weights hardly moved"
     person = ev.get("person_lr")
@@ -130,4 +187,36 @@ def answer_withheld(policy: Any, f: Finding, view: Any) -> Remedy:
         f"checkpoint with the LR x{cut:.3g} (under the schedule's x{cfg.above_start.lr_factor:g}; given back x2 "
         f"at a time after orchestrator.lr_restore_after quiet steps, up to the schedule's){loud}",
         commit=commit,
+    )
+
+
+def garbage_stop(f: Finding, view: Any) -> Remedy:
+    """The guard's `data` finding: save and stop (exit 3), the reason naming the steps, the rows gated,
+    where they came from as far as the view knows, and what to check; no rollback and no LR cut."""
+    ev, sample = f.evidence, f.evidence["sample"]
+    sources = dict(list(view.row_sources(sample).items())[:5]) if sample else {}
+    parts = sorted(set((view.row_parts(sample) or {}).values()))  # a mixture's sources by name
+    position = getattr(view, "data_position", "")
+    found = {"sources": sources} | ({"parts": parts} if parts else {}) | ({"data_at": position} if position else {})
+    rows = ", ".join(str(r) for r in sample[:8]) + (", ..." if len(sample) > 8 else "")
+    named = f"; their files: {', '.join(sources)}" if sources else ""
+    named += f"; mixture sources: {', '.join(parts)}" if parts else ""
+    named += f"; the loader is at {position}" if position else ""
+    what = (
+        f"the data stream has been garbage for {ev['stretch']} steps: {ev['rows_gated']:,} of the {ev['rows_seen']:,} "
+        f"rows of steps {ev['steps']} were left out by the row gate, so no update "
+        f"trained on anything (rows {rows}{named})"
+    )
+    fix = (
+        "check the corpus at those rows (decisions.jsonl: the row_gate decisions list every row), replace or clean "
+        "it (`trimtab data prepare` screens documents for garbage: data.garbage_filter), then train on from this "
+        f"run's weights: a new --out with --set train.init_from={getattr(view, 'run_dir', None) or 'RUN'} (the same "
+        "--out resumes only on the same data)"
+    )
+    return Remedy(
+        action="stop",
+        params={"reason": f"{what}: {fix}", "exit_code": GAVE_UP},
+        reasoning=f"{what}; a rollback would replay the same stream and an LR cut answers an instability this is "
+        "not, so the run saves and stops (exit 3) for a person to fix the data",
+        evidence=found,
     )
