@@ -38,6 +38,7 @@ TEXT_CHUNK_CHARS = 1_000_000  # a long plain-text file is encoded in pieces of a
 # after a line end can split what the whole text keeps as one pre-token, so other tokens than in memory
 _SPACE_BEFORE_WORD = re.compile(r"\S ")
 _WHITESPACE_BEFORE_WORD = re.compile(r"\S\s")
+_SPACE_BETWEEN_WORDS = re.compile(r"\S \S")  # formats.pieces' first choice (its docstring)
 
 
 class Unreadable(DataError):
@@ -396,11 +397,16 @@ def _space_cut(head: str) -> int:
 
 
 def pieces(text: str, size: int) -> Iterator[str]:
-    """`text` in consecutive pieces of at most `size` characters, cut where a long text file is
-    (_space_cut), so that the pieces pre-tokenize as the whole text does."""
+    """`text` in consecutive pieces of at most `size` characters, cut before the last space between
+    two words in a piece's second half, else where a long text file is (_space_cut), so that the
+    pieces pre-tokenize as the whole text does; a space between words is also where a tokenizer
+    without a pre-tokenizer (Llama 2's) has no token across the cut (tokenizer.py: cutting.py), where
+    one after a space ("▁▁") or in indentation could."""
     at = 0
     while len(text) - at > size:
-        cut = _space_cut(text[at : at + size])
+        head = text[at : at + size]
+        word = _SPACE_BETWEEN_WORDS.search(head[: len(head) // 2 - 1 : -1])
+        cut = len(head) - word.end() + 1 if word else _space_cut(head)
         yield text[at : at + cut]
         at += cut
     if at < len(text):

@@ -19,7 +19,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from trimtab.config import DataConfig
-from trimtab.data import formats
+from trimtab.data import cutting, formats
 from trimtab.data.chat import ChatFormat
 from trimtab.data.sources import Document, corpus_fingerprint
 from trimtab.errors import DataError
@@ -64,6 +64,7 @@ class TextTokenizer:
         self.origin: Path | None = None  # the tokenizer.json it was loaded from (load), for messages
         self._literal: Tokenizer | None = None  # _plain's copy
         self._special_re: re.Pattern[str] | None = None  # _special_spans'
+        self._cutting: cutting.Cutting | None = None  # how its long texts are cut (_pieces), learned on first use
         self.vocab_size: int = tok.get_vocab_size(with_added_tokens=True)
         self.eos_id: int = tok.token_to_id(_content(hf.get("eos_token")) if hf else EOS)
         pad = _content(hf.get("pad_token")) if hf else PAD
@@ -175,13 +176,35 @@ class TextTokenizer:
                     out[i].append([self._between(text, [f for f in found if _covered(spans, f[0], f[1])])])
         for matched, items in batches.items():
             encoder = self._tok if matched else self._plain()
-            if not matched:  # a long text in pieces cut where the pre-tokenizer splits: the same ids
-                items = [(i, j, p) for i, j, t in items for p in formats.pieces(t, formats.TEXT_CHUNK_CHARS)]
-            for call in _calls(items):
-                for (i, j, _), enc in zip(call, encoder.encode_batch([t for *_, t in call], add_special_tokens=False)):
-                    out[i][j].append(np.asarray(enc.ids, dtype=np.int32) if arrays else enc.ids)
+            # a long text in pieces whose ids are the whole text's (cutting.py); each: whether a later piece
+            parts = [(i, j, p, k > 0) for i, j, t in items for k, p in enumerate([t] if matched else self._pieces(t))]
+            for call in _calls(parts):
+                for (i, j, *_), ids in zip(call, self._encoded(encoder, call)):
+                    out[i][j].append(np.asarray(ids, dtype=np.int32) if arrays else ids)
         join = _joined_array if arrays else _joined_list
         return [[join(chunks) for chunks in segments] for segments in out]
+
+    def _pieces(self, text: str) -> list[str]:
+        """`text` in formats.pieces where their ids are the whole text's (cutting.Cutting.whole), else whole."""
+        parts = list(formats.pieces(text, formats.TEXT_CHUNK_CHARS))
+        if len(parts) == 1:
+            return parts
+        if self._cutting is None:
+            self._cutting = cutting.learn(self._tok)
+        return parts if self._cutting.whole(parts) else [text]
+
+    def _encoded(self, encoder: Tokenizer, call: list[_Item]) -> list[list[int]]:
+        """The ids of a call's texts by `encoder`, a later piece of a text by the Cutting's `later` (without
+        what the tokenizer puts before a text)."""
+        later = self._cutting.later if self._cutting and any(item[3] for item in call) else None
+        if later is None:  # a byte-level tokenizer's pieces (it puts nothing before a text), or no piece
+            return [enc.ids for enc in encoder.encode_batch([item[2] for item in call], add_special_tokens=False)]
+        ids: list[list[int]] = [[] for _ in call]
+        for tok, pick in ((encoder, False), (later, True)):
+            texts = [(k, item[2]) for k, item in enumerate(call) if item[3] == pick]
+            for (k, _), enc in zip(texts, tok.encode_batch([t for _, t in texts], add_special_tokens=False)):
+                ids[k] = enc.ids
+        return ids
 
     def _plain(self) -> Tokenizer:
         """A copy that reads special-token text as text (tokenizers' encode_special_tokens), made
@@ -284,10 +307,13 @@ def _damage(path: Path, exc: Exception) -> str:
     return f"it is JSON but not a tokenizer tokenizers can read ({reason})"
 
 
-def _calls(items: list[tuple[int, int, str]]) -> Iterator[list[tuple[int, int, str]]]:
+_Item = tuple[int, int, str, bool]  # (document, segment, text, whether a piece of it after the first)
+
+
+def _calls(items: list[_Item]) -> Iterator[list[_Item]]:
     """`items` in runs of at most ENCODE_CALL_CHARS characters (at least one item each): an encode
     call holds ~130 bytes a character of its texts until it returns."""
-    call: list[tuple[int, int, str]] = []
+    call: list[_Item] = []
     size = 0
     for item in items:
         if call and size + len(item[2]) > ENCODE_CALL_CHARS:
