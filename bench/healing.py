@@ -410,6 +410,9 @@ def _failure(rc: int | None, stderr: str) -> str:
     return f"crashed ({kind}): {last}" if kind else f"crashed: {last}"
 
 
+PARTIAL = ("preset", "steps", "fp_presets", "fp_seeds")  # set otherwise, the table is another one
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="trimtab bench healing", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -423,8 +426,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", help="results JSON (default OUT/healing.json)")
     parser.add_argument(
         "--markdown",
-        help="markdown file to write the section into (default: the checkout's BENCHMARKS.md; '-' for none)",
-        default=str(ROOT / "BENCHMARKS.md"),
+        help="markdown file to write the section into (default: the checkout's BENCHMARKS.md for the whole "
+        "table, none for a part of it; '-' for none)",
     )
     parser.add_argument(
         "--timeout",
@@ -438,6 +441,11 @@ def main(argv: list[str]) -> int:
         help="12 steps, the nan_loss scenario, no fault-free runs; the section printed, not written",
     )
     args = parser.parse_args(argv)
+    if args.markdown is None:  # the section is the whole table: a part of it written there dropped every other row
+        whole = not args.scenarios and all(getattr(args, k) == parser.get_default(k) for k in PARTIAL)
+        args.markdown = str(ROOT / "BENCHMARKS.md") if whole or args.dry_run else "-"
+        if args.markdown == "-":
+            print("BENCHMARKS.md is not written for a part of the table (--markdown FILE writes this run's section)")
     if args.dry_run:
         args.steps, args.scenarios, args.fp_presets = 12, args.scenarios or "nan_loss", ""
         if args.out == parser.get_default("out"):  # a dry run's runs go where nothing is kept

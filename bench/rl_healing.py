@@ -7,7 +7,7 @@ orchestrator off and once in auto, against a clean run.
 The task: from a 2-step `debug` run, `trimtab rl` on a reward the policy can reach (a response that
 begins with a space, _rl_verifiers.py), 8 prompts x 8 responses a step of 2 tokens, lr 1e-2; the
 held-out prompts scored greedily at the end (`rl/held_out_reward`). Each run is a real
-`python -m trimtab rl` subprocess; one that exits non-zero or leaves no summary crashed.
+`python -m trimtab rl` subprocess; one that exits non-zero or leaves no summary gave up (exit 3) or crashed.
 Scenarios:
     clean              no fault (auto must take no action: a false one otherwise)
     slow_verifier      a sound verifier taking 0.25 s under a 0.15 s rl.verifier_timeout_s, no
@@ -102,8 +102,8 @@ def measure(args) -> dict:
 
 
 def _outcome(run: dict, clean: float) -> str:
-    if not run["finished"]:
-        return f"crashed (exit {run['exit']})"
+    if not run["finished"]:  # exit 3: the run gave up, said why (an OOM with the orchestrator off); else a crash
+        return f"{'gave up' if run['exit'] == 3 else 'crashed'} (exit {run['exit']})"
     return "ok" if run["held_out"] >= clean - TOLERANCE else "worse"
 
 

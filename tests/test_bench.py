@@ -568,7 +568,7 @@ def test_rl_async_dry_run_runs_every_arm():
 @pytest.mark.slow  # four trimtab runs (~60 s)
 def test_rl_healing_dry_run_heals_a_rollout_oom_that_crashes_without_the_orchestrator():
     out = dry_run("rl_healing")
-    assert "| rollout_oom | crashed (exit 1)" in out and "oom:set_generation_rows" in out
+    assert "| rollout_oom | gave up (exit 3)" in out and "oom:set_generation_rows" in out
 
 
 @pytest.mark.slow  # two trainers in lockstep, a few steps each (~20 s); TRL is a bench peer, not a dependency
@@ -602,3 +602,17 @@ def test_healing_names_the_code_it_measured_without_git(tmp_path, monkeypatch):
     assert "no git" in first and "unknown" not in first and healing.trimtab.__version__ in first
     (src / "a.py").write_text("x = 2\n")
     assert healing._code_version() != first
+
+
+def test_healing_writes_benchmarks_md_only_for_the_whole_table(monkeypatch, capsys):
+    """A part of the table (a scenario, other steps, another preset) written into BENCHMARKS.md replaced the whole
+    section, every other row and the re-runs' notes with it (a helper's `--scenarios bad_data_early_long` did)."""
+    healing = _healing()
+    seen = []
+    monkeypatch.setattr(healing, "_main", lambda args, parser: seen.append(args.markdown) or 0)
+    healing.main([])
+    healing.main(["--scenarios", "nan_loss"])
+    healing.main(["--steps", "200"])
+    healing.main(["--scenarios", "nan_loss", "--markdown", "part.md"])
+    assert seen == [str(healing.ROOT / "BENCHMARKS.md"), "-", "-", "part.md"]
+    assert "BENCHMARKS.md is not written for a part of the table" in capsys.readouterr().out
