@@ -317,8 +317,8 @@ def _first_undecodable(path: Path, binary_nul: bool = False) -> tuple[int, Unico
 
 
 def _text(path: Path) -> Iterator[Record]:
-    """A plain-text file as one document, in pieces cut before a space (_cut) so that a file of
-    any size is encoded piece by piece into the whole text's tokens; a NUL byte means binary."""
+    """A plain-text file as one document, in the pieces `pieces` cuts a text in (_cut) so that a file
+    of any size is encoded piece by piece into the whole text's tokens; a NUL byte means binary."""
     json_file = Path(path.stem if path.suffix.lower() in COMPRESSED else path).suffix.lower() == ".json"
     with _open_text(path) as fh:
         pending = ""
@@ -378,14 +378,17 @@ def _hint_json_records(path: Path, shape: str) -> None:
 
 
 def _cut(text: str) -> int:
-    """Where to end a piece of text (0: keep all, it is short): before the last space that
-    precedes a word in the second half of a piece, else the last whitespace that does, so that
-    the pieces' tokens are the whole text's (a cut after a line end is not: the whitespace run
-    from a blank line into an indented line is one pre-token); else at the piece size. So no
-    piece, and no encode call, grows with the file."""
-    if len(text) < TEXT_CHUNK_CHARS:
+    """Where to end a piece of text (0: keep all, it is not over a piece): where `pieces` cuts a text, before
+    the last space between two words in a piece's second half, else the last whitespace that precedes a
+    word, else at the piece size, so that a file's records are the pieces a run reading it into memory
+    encodes (tokenizer.encode_documents) and their tokens the whole file's (a cut after a line end is not:
+    the whitespace run from a blank line into an indented line is one pre-token; one between two spaces
+    split Llama 2's "▁▁"). So no piece, and no encode call, grows with the file."""
+    if len(text) <= TEXT_CHUNK_CHARS:
         return 0
-    return _space_cut(text[:TEXT_CHUNK_CHARS])
+    head = text[:TEXT_CHUNK_CHARS]
+    word = _SPACE_BETWEEN_WORDS.search(head[: len(head) // 2 - 1 : -1])
+    return len(head) - word.end() + 1 if word else _space_cut(head)
 
 
 def _space_cut(head: str) -> int:
