@@ -44,7 +44,16 @@ class LossSpike(Monitor):
     loss under that level is the weights' (a new batch scored as high): its update passes, and the step
     after is judged from the same level while the loss stays over the phase's bar; a loss rising further
     is a spike again. Such losses stay out of the window (not the phase's healthy curve), and the
-    step-to-step changes are per step of the gaps they leave."""
+    step-to-step changes are per step of the gaps they leave.
+
+    The line's x is the update clock, not the step: a step less the phase's steps before it whose update
+    was not applied (withheld by the update gate, a skip, every row gated by the row gate, an fp16
+    overflow). The loss falls with updates, not steps: a frozen stretch leaves it where it was, and a line
+    in log(step) extrapolated across it predicted a fall that could not happen (debug, 200 steps,
+    `bad_batch@25:25`, every row of steps 25-49 gated: the first clean steps 50-55 read 4.95-5.03 over a
+    trend of 4.62-4.57, bar 4.87, the LR cut x0.5 and a rollback to step 23, 55 steps re-done; on this
+    clock the trend reads 4.96 there, bar 5.21). A withheld step's loss under the bar (the weights' own)
+    stands at the clock of the next applied step: the same weights."""
 
     rule, family = "spike", "instability"
 
@@ -52,6 +61,8 @@ class LossSpike(Monitor):
         self.cfg = cfg.spike
         self.window = Rolling(self.cfg.window)  # healthy losses
         self.steps = Rolling(self.cfg.window)  # their steps
+        self.clock = Rolling(self.cfg.window)  # their update clocks: the trend's x (step less `held` then)
+        self.held = 0  # the phase's steps so far whose update was not applied
         self.next_step = 1
         self.first_step = -1  # the phase's first step seen: its early steps count from it
         self.trained = False  # the phase starts from trained weights (finetune, train.init_from): armed early
@@ -66,21 +77,22 @@ class LossSpike(Monitor):
         """(the loss predicted at the next step, the residuals' standard deviation). One pass of
         running sums: the gate and the monitor ask every step (0.14 ms with one pass per term)."""
         start = self.fit_from()
-        key = (self.next_step, len(self.window), self.window.values[-1] if len(self.window) else None, start)
+        now = self.next_step - self.held  # the next step's update clock
+        key = (now, len(self.window), self.window.values[-1] if len(self.window) else None, start)
         if self._fit is not None and self._fit[0] == key:
             return self._fit[1]
         n = sum(1 for step in self.steps.values if step >= start)
         sx = sy = sxx = sxy = syy = 0.0
-        for step, y in zip(self.steps.values, self.window.values):
+        for step, clock, y in zip(self.steps.values, self.clock.values, self.window.values):
             if step < start:
                 continue
-            x = math.log(max(step, 1))
+            x = math.log(max(clock, 1))
             sx, sy, sxx, sxy, syy = sx + x, sy + y, sxx + x * x, sxy + x * y, syy + y * y
         x_mean, y_mean = sx / n, sy / n
         cxx, cxy, cyy = sxx - n * x_mean * x_mean, sxy - n * x_mean * y_mean, syy - n * y_mean * y_mean
         slope = cxy / cxx if cxx > 1e-12 else 0.0
         std = math.sqrt(max(cyy - slope * cxy, 0.0) / max(n - 2, 1))  # residual sum of squares
-        fit = (y_mean + slope * (math.log(max(self.next_step, 1)) - x_mean), std)
+        fit = (y_mean + slope * (math.log(max(now, 1)) - x_mean), std)
         self._fit = (key, fit)
         return fit
 
@@ -110,7 +122,7 @@ class LossSpike(Monitor):
             return
         capacities = [capacity for _, capacity in m.mod_layers]
         if self.jumped(capacities):
-            self.window, self.steps = Rolling(self.cfg.window), Rolling(self.cfg.window)
+            self.window, self.steps, self.clock = (Rolling(self.cfg.window) for _ in range(3))
             self.withheld, self._fit = [-1, 0.0], None
         self.capacity = capacities
 
@@ -160,7 +172,17 @@ class LossSpike(Monitor):
         changes = changes[-self.cfg.early_window :]
         return min(values), Rolling(len(changes), changes).std()
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if "clock" not in state:  # older checkpoints: the window's steps, as their trend read them
+            self.clock = Rolling(self.cfg.window, self.steps.values)
+
     def observe(self, m: StepMetrics) -> Finding | None:
+        found = self._judge(m)
+        self.held += int(m.skipped or m.overflow)  # no update applied: the next step meets the same weights
+        return found
+
+    def _judge(self, m: StepMetrics) -> Finding | None:
         self.next_step = m.step
         if self.first_step < 0:  # a checkpoint from before early_steps: its window's first step
             self.first_step = int(self.steps.values[0]) if len(self.steps) else m.step
@@ -178,6 +200,7 @@ class LossSpike(Monitor):
                 return None
             self.window.add(m.loss)
             self.steps.add(m.step)
+            self.clock.add(m.step - self.held)
             self.next_step = m.step + 1
             return None
         if m.loss <= ceiling:  # under the trend's bar, over the early one
