@@ -45,6 +45,16 @@ withheld); now it stops at step 55 (1,310 of the 1,312 rows of steps 15-55 gated
 loader draws each epoch's rows shuffled over the whole corpus (a mixture: each step from every source, so
 one source's garbage leaves the others' rows to train on and no stretch forms), so 40 steps of garbage are
 the corpus's or its pipeline's, not one shard's that skipping ahead would leave behind: a person's to fix.
+
+Such a stretch with under 90% of its rows gated, once it runs two windows past the guard's last answer, is
+the instability answer (_untrained): its fully gated steps are not counted, so half of them among steps a
+spike or the grad rule withheld (clean rows to train, none gated) counted 10 of 20, under the data's 90%
+too (50%), and the run trained on with frozen weights (120 such steps: no finding). A tenth or more of the
+rows clean but withheld is the loss's or the gradient's doing, which a rollback with the LR cut can heal
+(the data's stop would end a run with clean rows to train); should the stream still not train, the
+incident's rollbacks run out and the run stops with exit 3. Debug, `bad_batch` at every odd step from 15,
+`grad_spike` at every even one, a window of 6: the first answer came at step 37 (a step the gate let a row
+through), now at 27 (224 of the 416 rows of steps 15-27 gated).
 """
 
 from __future__ import annotations
@@ -85,6 +95,8 @@ class WithheldUpdates:
         if 2 * withheld <= self.window:
             return None
         self.steps = {}  # answered: the next finding needs a window of its own
+        if self.stretch:  # the stretch's own answer (_untrained) waits two windows from this one
+            self.stretch["unanswered"] = 0
         return Finding(
             rule=WITHHELD_RULE,
             family="instability",
@@ -103,9 +115,12 @@ class WithheldUpdates:
             return None
         s = self.stretch or {"first": m.step, "steps": 0, "rows": 0, "gated": 0, "sample": m.gated_rows[:SAMPLE]}
         s.update(last=m.step, steps=s["steps"] + 1, rows=s["rows"] + len(m.rows))
+        s.update(unanswered=s.get("unanswered", 0) + 1, withheld=s.get("withheld", 0) + m.skipped)
         s["gated"] += len(m.gated_rows)
         self.stretch = s
-        if s["steps"] <= 2 * self.window or s["gated"] < GARBAGE_SHARE * s["rows"]:
+        if s["gated"] < GARBAGE_SHARE * s["rows"]:
+            return self._untrained(s, m.step)
+        if s["steps"] <= 2 * self.window:
             return None
         self.stretch, self.steps, self.gated = {}, {}, 0  # answered: a run the stop did not end starts over
         steps, sample = f"{s['first']}-{s['last']}", sorted(set(s["sample"]) | set(m.gated_rows[:SAMPLE]))
@@ -124,6 +139,25 @@ class WithheldUpdates:
             summary=f"the data has been garbage for {s['steps']} steps: {s['gated']:,} of the {s['rows']:,} rows "
             f"of steps {steps} left out by the row gate",
             strength=STRENGTH,
+        )
+
+    def _untrained(self, s: dict[str, Any], step: int) -> Finding | None:
+        """The guard's instability finding for a stretch past two windows since the guard last answered that
+        trained on no clean rows but was mostly withheld with rows to train (a spike's, the grad rule's), not
+        gated: the fully gated steps in it are not counted (observe), so half of them among spike-withheld ones
+        kept the count at 10 of 20 and the run "completed" with frozen weights."""
+        if s["unanswered"] <= 2 * self.window:
+            return None
+        self.stretch, self.steps, self.gated = {}, {}, 0  # answered: as observe's finding
+        summary = (
+            f"{s['withheld']} of the last {s['steps']} updates withheld and none trained on clean rows (steps "
+            f"{s['first']}-{s['last']}: {s['gated']:,} of their {s['rows']:,} rows gated, the rest's updates "
+            "withheld): training does not train"
+        )
+        evidence = {"withheld": s["withheld"], "window": s["steps"], "steps": f"{s['first']}-{s['last']}"}
+        evidence |= {"rows_seen": s["rows"], "rows_gated": s["gated"]}
+        return Finding(
+            rule=WITHHELD_RULE, family="instability", step=step, evidence=evidence, summary=summary, strength=STRENGTH
         )
 
     def shift(self) -> None:
