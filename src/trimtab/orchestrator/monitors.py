@@ -216,20 +216,6 @@ class GradExplosion(Monitor):
         self.losses = Rolling(10)  # the healthy steps' losses: what "not rising" compares with
         self.over: list[list[float]] = []  # [grad norm, loss] of the flagged steps in a row
 
-    def _follow_capacity(self, m: StepMetrics) -> None:
-        """A MoD capacity that jumped (config.loss_rules.SpikeRule.capacity_jump) makes another model:
-        the losses before it predict nothing of it, so the window starts again from this step."""
-        if m.mod_capacity is None:
-            return
-        if self.jumped(m.mod_capacity):
-            self.window, self.steps = Rolling(self.cfg.window), Rolling(self.cfg.window)
-            self.withheld, self._fit = [-1, 0.0], None
-        self.capacity = m.mod_capacity
-
-    def jumped(self, capacity: float | None) -> bool:
-        """`capacity` (the MoD layers' mean) is another model's than the last step's."""
-        return None not in (capacity, self.capacity) and abs(capacity - self.capacity) > self.cfg.capacity_jump
-
     def ceiling(self) -> float:
         if len(self.window) < self.cfg.min_samples:
             return self.cfg.max_norm
