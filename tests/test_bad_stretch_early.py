@@ -27,7 +27,8 @@ def _findings(gated: int, stretch: int = 15) -> list:
 
 
 def test_a_stretch_of_steps_whose_every_row_the_gate_left_out_is_no_frozen_run():
-    assert _findings(gated=ROWS) == []
+    found = _findings(gated=ROWS)  # no frozen run: only the stretch's replay at its end (test_stretch_replay.py)
+    assert [(f.step, f.family, "replay" in f.evidence) for f in found] == [(30, "data", True)]
 
 
 def test_withheld_steps_with_rows_left_to_train_still_count():
@@ -38,9 +39,12 @@ def test_withheld_steps_with_rows_left_to_train_still_count():
 
 def test_garbage_for_good_is_a_run_that_does_not_train_again_past_a_window():
     """Past two windows (40) of fully gated steps a stream that stays garbage is answered (the data's: a stop,
-    test_withheld_data.py), a 25-step stretch (the 200-step scenario's) is not, and a resume keeps the streak."""
-    assert _findings(gated=ROWS, stretch=25) == []
-    assert [(f.step, f.family) for f in _findings(gated=ROWS, stretch=60)] == [(55, "data")]  # the 41st step
+    test_withheld_data.py), a 25-step stretch (the 200-step scenario's) is not (it is replayed once it ends), and a
+    resume keeps the streak."""
+    found = _findings(gated=ROWS, stretch=25)  # no stop: the stretch's replay at its end
+    assert [(f.step, f.family, "replay" in f.evidence) for f in found] == [(40, "data", True)]
+    found = _findings(gated=ROWS, stretch=60)  # the stop at the 41st step; were the run not stopped, steps 56-74
+    assert [(f.step, "replay" in f.evidence) for f in found] == [(55, False), (75, True)]  # a stretch of their own
     guard = WithheldUpdates(OrchestratorConfig(withheld_window=20))
     for s in range(15, 35):
         guard.observe(_step(s, ROWS, True))

@@ -76,10 +76,13 @@ def test_the_orchestrator_requests_the_stop_and_journals_it_as_the_datas(tmp_pat
 
 
 def test_a_short_stretch_and_the_mixed_case_keep_their_answers():
-    """15 or 25 fully gated steps: no finding (bad_data_early_long); withheld steps with rows to train
+    """15 or 25 fully gated steps: no instability finding, only their replay at the first clean step
+    (bad_data_early_long, test_stretch_replay.py); withheld steps with rows to train
     (a spike's) among gated ones: under 90% of the rows gated, the instability answer as before."""
-    assert _findings(_step(s, ROWS if 15 <= s < 30 else 0, 15 <= s < 30) for s in range(1, 121)) == []
-    assert _findings(_step(s, ROWS if 25 <= s < 50 else 0, 25 <= s < 50) for s in range(1, 201)) == []
+    short = _findings(_step(s, ROWS if 15 <= s < 30 else 0, 15 <= s < 30) for s in range(1, 121))
+    assert [(f.step, f.family, "replay" in f.evidence) for f in short] == [(30, "data", True)]
+    long = _findings(_step(s, ROWS if 25 <= s < 50 else 0, 25 <= s < 50) for s in range(1, 201))
+    assert [(f.step, f.family, "replay" in f.evidence) for f in long] == [(50, "data", True)]
     mixed = [_step(s, ROWS if s >= 15 and s % 3 == 0 else 0, s >= 15) for s in range(1, 120)]
     found = _findings(mixed)  # a third of the rows gated: the findings of the code before, step for step
     assert [(f.step, f.family) for f in found] == [(s, "instability") for s in (31, 47, 64, 80, 97, 113)]

@@ -24,9 +24,10 @@ steps before it, so a rollback replays nothing better and the cut only slows the
 row of steps 15-29 gated): the guard rolled back at step 25 with the LR x0.1, given back x2 every 20
 steps, val 4.438 against 4.171 clean (+6.4%; seeds 1, 2: +10.2%, +11.1%); not counted, 4.236 (+1.5%;
 seeds 1, 2: +1.3%, +1.5%; 12 of the 15 updates made up, `make_up.max_fraction`). Such steps are
-journaled one by one (rule row_gate, skip_data) and made up. Past two windows of them in a row they count
-again (where they are not the data's, below): a run that does not train, not one that "completed" with
-frozen weights. Past one window, a 25-step stretch (200 steps,
+journaled one by one (rule row_gate, skip_data) and made up; a stretch of 8 or more, once it ends, is
+replayed on clean rows instead (stretch_replay.py: 200 steps, `bad_batch@25:25`, +2.1% -> +1.6%). Past two
+windows of them in a row they count again (where they are not the data's, below): a run that does not
+train, not one that "completed" with frozen weights. Past one window, a 25-step stretch (200 steps,
 `bad_batch@25:25`: 5 counted) and the spike rule's 5 withheld steps after it (the first clean losses over a
 trend extrapolated across the frozen steps) made 11 of 20: the guard's rollback with the LR x0.1, val 4.252
 against 3.841 past two (3.834 clean).
@@ -64,6 +65,7 @@ from typing import Any
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.monitors import Finding, StepMetrics
 from trimtab.orchestrator.remedies import Remedy, lr_cut
+from trimtab.orchestrator.stretch_replay import replay_finding, replay_remedy
 from trimtab.training.state import GAVE_UP
 
 WITHHELD_RULE = "withheld"
@@ -81,6 +83,7 @@ class WithheldUpdates:
         self.steps: dict[str, bool] = {}  # step (a string: JSON keys) -> its update withheld
         self.gated = 0  # steps in a row whose every row the row gate left out
         self.stretch: dict[str, Any] = {}  # steps in a row that trained on no clean rows (_extend)
+        self.replayed = -1  # the step a stretch's replay was decided at (stretch_replay.py): once per stretch
 
     def observe(self, m: StepMetrics) -> Finding | None:
         """A finding when most of the window's updates were withheld."""
@@ -111,12 +114,14 @@ class WithheldUpdates:
         clean rows ends it); a `data` finding once it passes two windows with GARBAGE_SHARE of its rows gated."""
         mostly = bool(m.rows) and 2 * len(m.gated_rows) > len(m.rows)
         if not (mostly or (m.skipped and self.stretch)):
-            self.stretch = {}
-            return None
+            ended, self.stretch = self.stretch, {}
+            return self._replay(ended, m.step) if ended and ended["first"] > self.replayed else None
         s = self.stretch or {"first": m.step, "steps": 0, "rows": 0, "gated": 0, "sample": m.gated_rows[:SAMPLE]}
         s.update(last=m.step, steps=s["steps"] + 1, rows=s["rows"] + len(m.rows))
         s.update(unanswered=s.get("unanswered", 0) + 1, withheld=s.get("withheld", 0) + m.skipped)
         s["gated"] += len(m.gated_rows)
+        if all_rows_gated(m):  # the rows a replay leaves out (stretch_replay.py)
+            s.update(full=s.get("full", 0) + 1, out=s.get("out", []) + list(m.gated_rows))
         self.stretch = s
         if s["gated"] < GARBAGE_SHARE * s["rows"]:
             return self._untrained(s, m.step)
@@ -140,6 +145,13 @@ class WithheldUpdates:
             f"of steps {steps} left out by the row gate",
             strength=STRENGTH,
         )
+
+    def _replay(self, s: dict[str, Any], step: int) -> Finding | None:
+        """The ended stretch `s` replayed on clean rows when long enough (stretch_replay.py)."""
+        found = replay_finding(s, step, self.window, WITHHELD_RULE)
+        if found is not None:
+            self.replayed, self.steps, self.gated = step, {}, 0
+        return found
 
     def _untrained(self, s: dict[str, Any], step: int) -> Finding | None:
         """The guard's instability finding for a stretch past two windows since the guard last answered that
@@ -165,11 +177,12 @@ class WithheldUpdates:
         self.steps, self.gated, self.stretch = {}, 0, {}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": dict(self.steps), "gated": self.gated, "stretch": dict(self.stretch)}
+        state = {"steps": dict(self.steps), "gated": self.gated, "stretch": dict(self.stretch)}
+        return state | {"replayed": self.replayed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps, self.gated = dict(state.get("steps", {})), int(state.get("gated", 0))
-        self.stretch = dict(state.get("stretch", {}))
+        self.stretch, self.replayed = dict(state.get("stretch", {})), int(state.get("replayed", -1))
 
 
 def all_rows_gated(m: StepMetrics) -> bool:
@@ -188,10 +201,10 @@ def person_lr(f: Finding, decisions: list[Any]) -> Finding:
 
 def answer_withheld(policy: Any, f: Finding, view: Any) -> Remedy:
     """The guard's finding: roll back with the LR cut under the schedule's; else stop (exit 3); a stream
-    of garbage: stop naming the data (garbage_stop). `policy`: the InstabilityLadder (its rollback
-    count, _rolled_back and _give_up)."""
+    of garbage: stop naming the data (garbage_stop); a stretch of it that ended: its replay (stretch_replay.py).
+    `policy`: the InstabilityLadder (its rollback count, _rolled_back and _give_up)."""
     if f.family == "data":
-        return garbage_stop(f, view)
+        return replay_remedy(policy, f, view) if "replay" in f.evidence else garbage_stop(f, view)
     cfg, ev = policy.cfg, f.evidence
     frozen = f"{ev['withheld']} of the last {ev['window']} updates were withheld: the weights hardly moved"
     person = ev.get("person_lr")
