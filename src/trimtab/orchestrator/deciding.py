@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.distributed import is_main
+from trimtab.errors import ConfigError
 from trimtab.orchestrator import ctl
 from trimtab.orchestrator.journal import Decision, Journal
 from trimtab.orchestrator.ladder import Ladder
@@ -228,7 +229,10 @@ class Deciding:
             if remedy.action in ("rollback", "stop") and decision.family in EMERGENCIES:
                 self.emergency = decision
             on_done = lambda line, d=decision: self._applied(d, line, console=run)  # noqa: E731
-            run.control.request(remedy.action, on_done=on_done, **remedy.params)
+            try:
+                run.control.request(remedy.action, on_done=on_done, **remedy.params)
+            except ConfigError as exc:  # a rule's remedy whose parameters the action refuses (a rollback's
+                on_done(f"failed: {exc}")  # lr_factor 1.0 ended a run with exit 2): journaled failed, the run goes on
 
     def _seen_again(self, decision: Decision, f: Finding) -> Decision:
         """Finding f came back to `decision`'s answer: counted on it (a count, not a list: a long
