@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from trimtab.checkpoint import list_checkpoints
 from trimtab.checkpoint_load import read_sharded_weights
-from trimtab.config import merge
+from trimtab.config import RunConfig, load_config, merge
 from trimtab.training.control import Control
 from trimtab.training.hooks import Hook
 
@@ -99,6 +99,14 @@ def config(out: Path, **overrides) -> dict:
         },
         overrides,
     )
+
+
+def faulted(out: Path, faults: list[str], steps: int, **sections: dict) -> RunConfig:
+    """A quiet debug run of `steps` steps with `faults` injected: no evaluation, report, TensorBoard or
+    progress line; `sections` (config sections) on top."""
+    base = {"out": str(out), "faults": faults, "train": {"max_steps": steps, "eval_every": 0}}
+    base["log"] = {"progress": False, "report": False, "tensorboard": False}
+    return load_config(preset="debug", overrides=merge(base, sections))
 
 
 def run(out: Path, nproc: int, restarts: int = 0, **overrides) -> list[dict]:

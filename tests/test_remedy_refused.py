@@ -3,7 +3,7 @@ as failed and the run goes on: a rollback asked with `lr_factor: 1.0` ("must be 
 whole run with exit 2, the orchestrator's own mistake sinking the run it watches."""
 
 import trimtab
-from trimtab.config import load_config
+from helpers import faulted
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.remedies import Remedy
 from trimtab.rundir import read_decisions
@@ -18,16 +18,7 @@ def test_a_remedy_its_action_refuses_is_journaled_failed_and_training_goes_on(tm
         return plan(self, f, view)
 
     monkeypatch.setattr(Policy, "plan", refused)
-    cfg = load_config(
-        preset="debug",
-        overrides={
-            "out": str(tmp_path / "run"),
-            "faults": ["lr_spike@5:30"],
-            "train": {"max_steps": 10, "eval_every": 0},
-            "log": {"progress": False, "report": False, "tensorboard": False},
-        },
-    )
-    summary = trimtab.train(cfg)
+    summary = trimtab.train(faulted(tmp_path / "run", ["lr_spike@5:30"], 10))
     # trained on to its end (the stray LR, left uncompensated, then stops it as unstable: exit 3), not ended at step 5
     assert summary["step"] == 10 and summary["exit_code"] != 2, summary["status"]
     failed = next(d for d in read_decisions(tmp_path / "run") if d["rule"] == "lr")

@@ -9,8 +9,8 @@ garbage (the garbage stop) and a replay that meets garbage again are not replaye
 from dataclasses import replace
 
 import trimtab
+from helpers import faulted
 from test_orchestrator_units import View, metrics
-from trimtab.config import load_config
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.policy import Policy
 from trimtab.orchestrator.withheld import WithheldUpdates
@@ -100,17 +100,7 @@ def test_a_replay_that_meets_garbage_again_is_not_replayed_twice_and_a_resume_ke
 
 def test_a_real_run_replays_the_stretch_once_on_clean_rows(tmp_path):
     """The trainer end to end (debug, 24 steps, a window of 6: 5 fully gated steps are a stretch to replay)."""
-    cfg = load_config(
-        preset="debug",
-        overrides={
-            "out": str(tmp_path / "run"),
-            "faults": ["bad_batch@8:5"],
-            "train": {"max_steps": 24, "eval_every": 0},
-            "checkpoint": {"every": 5},
-            "orchestrator": {"withheld_window": 6},
-            "log": {"progress": False, "report": False, "tensorboard": False},
-        },
-    )
+    cfg = faulted(tmp_path / "run", ["bad_batch@8:5"], 24, checkpoint={"every": 5}, orchestrator={"withheld_window": 6})
     summary = trimtab.train(cfg)
     assert summary["status"] == "completed" and summary["step"] == 24
     decisions = read_decisions(tmp_path / "run")

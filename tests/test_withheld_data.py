@@ -8,9 +8,9 @@ fixed alone the run "completed" at step 133 with frozen weights. Now the guard s
 from dataclasses import replace
 
 import trimtab
+from helpers import faulted
 from test_orchestrator_incidents import Run
 from test_orchestrator_units import View, metrics
-from trimtab.config import load_config
 from trimtab.config.orchestrator import OrchestratorConfig
 from trimtab.orchestrator.core import Orchestrator
 from trimtab.orchestrator.monitors import GradExplosion
@@ -113,17 +113,7 @@ def test_the_grad_rule_takes_no_level_from_steps_without_a_gradient():
 def test_a_real_run_on_garbage_to_the_end_stops_naming_the_data(tmp_path):
     """The trainer end to end (debug, a window of 5 so the stretch passes two at its 11th step): the stop saves,
     exits 3 and says the data's words in summary.json; no rollback, no LR change journaled."""
-    cfg = load_config(
-        preset="debug",
-        overrides={
-            "out": str(tmp_path / "run"),
-            "faults": ["bad_batch@8:100"],
-            "train": {"max_steps": 40, "eval_every": 0},
-            "orchestrator": {"withheld_window": 5},
-            "log": {"progress": False, "report": False, "tensorboard": False},
-        },
-    )
-    summary = trimtab.train(cfg)
+    summary = trimtab.train(faulted(tmp_path / "run", ["bad_batch@8:100"], 40, orchestrator={"withheld_window": 5}))
     assert summary["exit_code"] == GAVE_UP and summary["step"] < 30, summary["status"]
     assert "the data stream has been garbage for 11 steps" in summary["status"]
     assert "train.init_from=" in summary["status"]
