@@ -15,12 +15,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tokenizers import Tokenizer
-
-if TYPE_CHECKING:
-    from trimtab.data.tokenizer import TextTokenizer
 
 # Cuts formats.pieces makes: before a space between two words (its first choice), before whitespace that
 # precedes a word (a blank line into indentation, a tab, two spaces). Each cut of _PROBE is tried.
@@ -59,17 +56,6 @@ class Cutting:
             held.append(piece)
         if held:
             yield "".join(held)
-
-
-_LEARNED: dict[str, Cutting] = {}  # of()'s, each tokenizer's (its fingerprint) in this process
-
-
-def of(tok: TextTokenizer) -> Cutting:
-    """learn() of a TextTokenizer, once a process: `data prepare` reads a long text file in records
-    (formats._text), its stretches, pieces of one text (data/shards.py)."""
-    if tok.fingerprint not in _LEARNED:
-        _LEARNED[tok.fingerprint] = learn(Tokenizer.from_str(json.dumps(tok.definition())))
-    return _LEARNED[tok.fingerprint]
 
 
 def _kind(left: str, right: str, marker: str = "") -> tuple[str, bool]:
@@ -165,19 +151,3 @@ def _inside(tok: Tokenizer) -> tuple[set[str], set[str]]:
     later = {c for token in tokens for c in token[1:]}
     after_other = {c for token in tokens for a, c in zip(token, token[1:]) if a != c}
     return later, after_other
-
-
-def encoded(tok: Tokenizer, texts: list[str], call_chars: int) -> list[list[int]]:
-    """`tok`'s ids of `texts` (a Cutting's `later`: later pieces of texts) without special tokens added, in
-    encode_batch calls of at most `call_chars` characters (a text at least): a call holds ~130 bytes a
-    character of its texts until it returns (tokenizer.ENCODE_CALL_CHARS)."""
-    out: list[list[int]] = []
-    call: list[str] = []
-    size = 0
-    for k, text in enumerate(texts):
-        call.append(text)
-        size += len(text)
-        if k + 1 == len(texts) or size + len(texts[k + 1]) > call_chars:
-            out += [enc.ids for enc in tok.encode_batch(call, add_special_tokens=False)]
-            call, size = [], 0
-    return out

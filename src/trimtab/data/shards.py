@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from trimtab.config import DataConfig
-from trimtab.data import cutting, formats, junk, quality, stretches, tokenizer
+from trimtab.data import formats, junk, quality, stretches
 from trimtab.data.prepared import sha256_file
 from trimtab.data.sources import Document, record_documents
 from trimtab.data.tokenizer import TextTokenizer
@@ -141,9 +141,9 @@ def _pieces(
     """(document or piece of one, whether it is the first piece, the last, its line or row, where
     it is in words) of a file (of `span` of it); None for a malformed record skipped
     (skip_bad_records). A long text file's records are joined where the tokenizer cannot be cut exactly
-    (cutting.of), as the in-memory path encodes such a text whole (tokenizer.encode_documents)."""
+    (TextTokenizer.cuts), as the in-memory path encodes such a text whole (tokenizer.encode_documents)."""
     if formats.kind_of(path, cfg.format) == "text":
-        texts = cutting.of(tok).joined(record.value for record in formats.records(path, cfg.format))
+        texts = tok.cuts().joined(record.value for record in formats.records(path, cfg.format))
         held, first = next(texts), True
         for text in chain(texts, [None]):
             if held or not first:
@@ -229,7 +229,7 @@ class _Encoder:
         if long and self.scale is not None and len(doc.segments) == 1:
             # a long text file's piece, or a text file under one piece but over a stretch (900K characters, 400K of
             # them salad, was judged whole, flagged whole): judged in stretches, so junk inside text is seen
-            parts = list(cutting.of(self.tok).joined(stretches.split(doc.text))) or [doc.text]  # cut as in memory
+            parts = list(self.tok.cuts().joined(stretches.split(doc.text))) or [doc.text]  # cut as in memory
             for i, part in enumerate(parts):
                 self._add(Document([(part, doc.segments[0][1])]), first and i == 0, last and i == len(parts) - 1, line)
             return
@@ -248,16 +248,10 @@ class _Encoder:
 
     def _encoded(self) -> list[list[list[int]]]:
         """The batch's documents' segments' ids; a piece after a document's first (a long text file's record,
-        a stretch) by cutting.Cutting.later, without what the tokenizer puts before a text: the pieces hold the
-        whole text's ids, as in memory (Llama-2-style, 8K tokens: a "▁" a record or stretch more, 2.4M characters
-        in 454,559 tokens, 454,533 now)."""
-        later = [not first for _, first, *_ in self._batch]
-        if not any(later) or cutting.of(self.tok).later is None:  # a byte-level tokenizer puts nothing before a text
-            return self.tok.encode_documents([doc for doc, *_ in self._batch])
-        firsts = iter(self.tok.encode_documents([doc for (doc, *_), k in zip(self._batch, later) if not k]))
-        texts = [doc.text for (doc, *_), k in zip(self._batch, later) if k]
-        rest = iter(cutting.encoded(cutting.of(self.tok).later, texts, tokenizer.ENCODE_CALL_CHARS))
-        return [[next(rest)] if k else next(firsts) for k in later]
+        a stretch) without what the tokenizer puts before a text: the pieces hold the whole text's ids, as in
+        memory (Llama-2-style, 8K tokens: a "▁" a record or stretch more, 2.4M characters in 454,559 tokens,
+        454,533 now)."""
+        return self.tok.encode_documents([doc for doc, *_ in self._batch], later=[not f for _, f, *_ in self._batch])
 
     def unreadable(self, why: str) -> None:
         self._batch, self._chars, self._repeating = [], 0, False

@@ -64,7 +64,7 @@ class TextTokenizer:
         self.origin: Path | None = None  # the tokenizer.json it was loaded from (load), for messages
         self._literal: Tokenizer | None = None  # _plain's copy
         self._special_re: re.Pattern[str] | None = None  # _special_spans'
-        self._cutting: cutting.Cutting | None = None  # how its long texts are cut (_pieces), learned on first use
+        self._cutting: cutting.Cutting | None = None  # cuts()'s
         self.vocab_size: int = tok.get_vocab_size(with_added_tokens=True)
         self.eos_id: int = tok.token_to_id(_content(hf.get("eos_token")) if hf else EOS)
         pad = _content(hf.get("pad_token")) if hf else PAD
@@ -154,13 +154,17 @@ class TextTokenizer:
         """encode_text of each of `texts`, on the tokenizer's threads."""
         return [enc.ids for enc in self._plain().encode_batch(texts, add_special_tokens=False)]
 
-    def encode_documents(self, docs: list[Document], arrays: bool = False) -> list[list[Any]]:
+    def encode_documents(
+        self, docs: list[Document], arrays: bool = False, later: list[bool] | None = None
+    ) -> list[list[Any]]:
         """Each document's segments' ids (list[int] each; `arrays`: int32 numpy arrays, each encode
         call's ids converted as it returns: a 50 MB document's 12M ids as Python ints held 0.43 GB,
-        as int32 48 MB). Special-token text is the special token only where a
-        chat template wrote it (Document.markup), else text (encode_text). A segment whose
-        special-token text all lies in its markup is encoded whole, specials matched (as a
-        prompt); one with some inside a message's content is encoded between its markup's."""
+        as int32 48 MB); `later`, each document's: whether it continues a text (a long file's record
+        after its first, data/shards.py), encoded without what the tokenizer puts before a text.
+        Special-token text is the special token only where a chat template wrote it (Document.markup),
+        else text (encode_text). A segment whose special-token text all lies in its markup is encoded
+        whole, specials matched (as a prompt); one with some inside a message's content is encoded
+        between its markup's."""
         out: list[list[list[Any]]] = [[] for _ in docs]  # each segment's ids in chunks, an encode call's each
         batches: dict[bool, list[tuple[int, int, str]]] = {False: [], True: []}  # specials matched?
         for i, doc in enumerate(docs):
@@ -177,7 +181,8 @@ class TextTokenizer:
         for matched, items in batches.items():
             encoder = self._tok if matched else self._plain()
             # a long text in pieces whose ids are the whole text's (cutting.py); each: whether a later piece
-            parts = [(i, j, p, k > 0) for i, j, t in items for k, p in enumerate([t] if matched else self._pieces(t))]
+            pieces = [(i, j, enumerate([t] if matched else self._pieces(t))) for i, j, t in items]
+            parts = [(i, j, p, k > 0 or bool(later and later[i])) for i, j, texts in pieces for k, p in texts]
             for call in _calls(parts):
                 for (i, j, *_), ids in zip(call, self._encoded(encoder, call)):
                     out[i][j].append(np.asarray(ids, dtype=np.int32) if arrays else ids)
@@ -187,16 +192,18 @@ class TextTokenizer:
     def _pieces(self, text: str) -> list[str]:
         """`text` in formats.pieces where their ids are the whole text's (cutting.Cutting.whole), else whole."""
         parts = list(formats.pieces(text, formats.TEXT_CHUNK_CHARS))
-        if len(parts) == 1:
-            return parts
+        return parts if len(parts) == 1 or self.cuts().whole(parts) else [text]
+
+    def cuts(self) -> cutting.Cutting:
+        """How its long texts are cut (cutting.py), learned on first use."""
         if self._cutting is None:
             self._cutting = cutting.learn(self._tok)
-        return parts if self._cutting.whole(parts) else [text]
+        return self._cutting
 
     def _encoded(self, encoder: Tokenizer, call: list[_Item]) -> list[list[int]]:
         """The ids of a call's texts by `encoder`, a later piece of a text by the Cutting's `later` (without
         what the tokenizer puts before a text)."""
-        later = self._cutting.later if self._cutting and any(item[3] for item in call) else None
+        later = self.cuts().later if any(item[3] for item in call) else None
         if later is None:  # a byte-level tokenizer's pieces (it puts nothing before a text), or no piece
             return [enc.ids for enc in encoder.encode_batch([item[2] for item in call], add_special_tokens=False)]
         ids: list[list[int]] = [[] for _ in call]
