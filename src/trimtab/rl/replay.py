@@ -43,26 +43,23 @@ class Routes:
 
     def __init__(self, layers: list[list[torch.Tensor]], rows: int, depth: list[list[torch.Tensor]] = ()) -> None:
         self.layers, self.rows, self.depth = layers, rows, list(depth)
-        self._host: list[tuple[np.ndarray, np.ndarray]] | None = None
-        self._depth_host: list[tuple[np.ndarray, np.ndarray]] | None = None
+        self._host: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}  # "layers" / "depth": read once
 
     def sequence(self, row: int, pad: int, n: int) -> np.ndarray | None:
         """Row `row`'s choices at its first `n` input positions (its prompt after `pad` padding
         positions, then its fed tokens): int16 [L, n, k]; None without MoE layers."""
-        if not self.layers:
-            return None
-        if self._host is None:  # one device read per layer and step for the whole batch
-            self._host = [self._gather(records) for records in self.layers]
-        return _row(self._host, row, pad, n)
+        return _row(self._hosted("layers"), row, pad, n) if self.layers else None
 
     def decisions(self, row: int, pad: int, n: int) -> np.ndarray | None:
         """Row `row`'s Mixture-of-Depths decisions at its first `n` input positions, as sequence's: bool
         [M, n]; None without such layers."""
-        if not self.depth:
-            return None
-        if self._depth_host is None:
-            self._depth_host = [self._gather(records) for records in self.depth]
-        return _row(self._depth_host, row, pad, n)[..., 0].astype(bool)
+        return _row(self._hosted("depth"), row, pad, n)[..., 0].astype(bool) if self.depth else None
+
+    def _hosted(self, kind: str) -> list[tuple[np.ndarray, np.ndarray]]:
+        """`kind`'s records on the host: one device read per layer and step for the whole batch."""
+        if kind not in self._host:
+            self._host[kind] = [self._gather(records) for records in getattr(self, kind)]
+        return self._host[kind]
 
     def _gather(self, records: list[torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
         """[B, P, k] and [steps, B, k], int16 on the host."""
