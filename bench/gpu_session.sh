@@ -68,18 +68,13 @@ print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), torch
 print(\"F.grouped_mm:\", hasattr(F, \"grouped_mm\"), \"torch._grouped_mm:\", hasattr(torch, \"_grouped_mm\"))
 import trimtab, plotly.graph_objects; print(\"trimtab and plotly import\")
 import torchao.float8; print(\"torchao\", __import__(\"torchao\").__version__)"'
-stage tests 100 python3 -m pytest -m gpu tests/test_gpu.py -p no:cacheprovider -q -rA -k "not compiled"
-# MoE (issue 35's >= 40% MFU goal): without checkpointing (2 layers fit), eager and compiled (grouped
-# experts traced whole since 2026-11-27: the compiled row has never been measured with it)
-stage moe 150 $GPU $MOE $NOCKPT --variants trimtab,trimtab-compile --reps 1 --save "$OUT/moe.json"
-# Activation checkpointing off / selective / full on dense-1b's step: selective's cost on a GPU
-# (the planner assumes 1.05x off's compute) and each mode's memory against plan/memory.py
-stage recompute 90 python3 bench/recompute.py --device cuda --presets dense-1b --reps 1 --steps 4
-# FP8 (goal >= 1.3x bf16 tokens/s on dense-1b): both compiled, fp8 first, its recompiles logged
-stage dense 330 env TORCH_LOGS=recompiles $GPU --preset dense-1b --variants trimtab-fp8-compile,trimtab-compile \
+# the compiled test too: train.compile now compiles each block on its own (distributed/wrapping.py)
+stage tests 100 python3 -m pytest -m gpu tests/test_gpu.py -p no:cacheprovider -q -rA
+# FP8 (goal >= 1.3x bf16 tokens/s on dense-1b): both compiled block by block, bf16 first (its cold
+# start against the whole-stack compile's 34-50 s), then fp8 with its recompiles logged
+stage dense 280 env TORCH_LOGS=recompiles $GPU --preset dense-1b --variants trimtab-compile,trimtab-fp8-compile \
     --reps 1 --save "$OUT/dense.json"
-# RL rollouts on the GPU (issue 35): trimtab's batched generation against transformers' on
-# dense-1b's shape in bf16, 64 prompts x 128 tokens (bench/generate.py; its CPU section apart)
-stage generate 150 python3 bench/generate.py --device cuda --dtype bf16 --preset dense-1b --batch 64 --new 128 \
-    --reps 3 --work /tmp/trimtab-generate
+# MoE (issue 35's >= 40% MFU goal): without checkpointing (2 layers fit), compiled first (never
+# measured with the grouped experts traced whole), then eager
+stage moe 160 $GPU $MOE $NOCKPT --variants trimtab-compile,trimtab --reps 1 --save "$OUT/moe.json"
 echo "=== done at ${SECONDS}s"

@@ -29,10 +29,11 @@ import torch
 # throughput ... --compile"): the lesser of each, so a run compiles only where it pays in either.
 SPEEDUP = {"cuda": 1.115, "cpu": 1.057}
 # Seconds the first compiled step costs beyond an eager one, from empty inductor caches. cpu:
-# `small`, 18.9 s in fp32 and 23.9 s in bf16 (the same runs); cuda: dense-1b (22 layers) on an
-# H200, 36.2 s with torch 2.11 (a deeper model's graph takes longer; the summary reports the
-# cold start a run paid).
-COLD_START_S = {"cuda": 36.0, "cpu": 24.0}
+# `small`, 18.9 s in fp32 and 23.9 s in bf16 (the same runs, the whole stack compiled; block by
+# block 15.0 s in bf16); cuda, each block compiled on its own (blocks of a kind share their code,
+# so depth costs little): dense-1b 7.7 s and a 2-layer moe-7b-shaped model 16.4 s on an H200 with
+# torch 2.11, the larger (BENCHMARKS.md, 2026-12-04; the whole stack took 34-36 s on dense-1b).
+COLD_START_S = {"cuda": 16.4, "cpu": 24.0}
 # MFU assumed for the estimate of the run's length: dense-1b reached 45% eager on an H100 and
 # 47.5% on an H200, moe-7b-shaped layers 24% on the H200;
 # `small` in bf16 on the 2-core CPU, 61% of its measured matmul peak.
