@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # One lent GPU's checks and benchmarks in priority order, inside a time budget (a lent machine's
-# start takes minutes of a 15-minute allowance): the CUDA tests, the moe-7b-shaped step without
-# activation checkpointing, eager and compiled, dense-1b's step under each checkpointing mode,
-# then dense-1b compiled in fp8 and in bf16, then
-# RL's rollout generation against transformers' in bf16 where time is left. Earlier
-# sessions' stages (dense-1b and moe-7b-shaped trimtab vs the plain loop, the profile) are in git
-# history and BENCHMARKS.md. Run from the repository root on the GPU machine:
+# start takes minutes of a 15-minute allowance): the CUDA tests (the compiled one too), the
+# moe-7b-shaped step with the preset's activation checkpointing, compiled and eager (checkpointed
+# MoE blocks under compile, traced whole since 2026-12-04), dense-1b's step under each
+# checkpointing mode, then RL's rollout generation against transformers' in bf16 where time is
+# left. Earlier sessions' stages (dense-1b compiled in bf16 and fp8, the moe-7b-shaped step without
+# checkpointing, trimtab vs the plain loop, the profile) are in git history and BENCHMARKS.md.
+# Run from the repository root on the GPU machine:
 #
 #     OUT=/some/dir bash bench/gpu_session.sh [budget_s]     # default 540
 #
 # Each stage runs under `timeout` with the lesser of its limit and what is left of the budget, its
-# output in $OUT/<stage>.log; at most 8 files come back from a device call, and this writes 7:
-# tests.log (the machine's GPU and torch first) moe.log moe.json recompute.log dense.log dense.json
-# generate.log (tables printed in the logs: BENCHMARKS.md "RL rollout generation on CUDA",
-# "Activation checkpointing ... on <GPU>").
+# output in $OUT/<stage>.log; at most 8 files come back from a device call, and this writes 6:
+# tests.log (the machine's GPU and torch first) moe.log moe.json recompute.log generate.log
+# (tables printed in the logs: BENCHMARKS.md "RL rollout generation on CUDA", "Activation
+# checkpointing ... on <GPU>").
 # The tables are written to BENCHMARKS.md afterwards, where the repository is, from the saved
 # repetitions, e.g. python bench/gpu.py --preset dense-1b --steps 6 --load $OUT/dense.json
 # (a --load rewrites the section of its heading: load a partial file into a new section's flags).
@@ -54,12 +55,9 @@ stage() { # stage NAME MAX_S COMMAND...: run it with the lesser of MAX_S and the
 
 GPU="python3 bench/gpu.py --steps 6 --warmup 3"
 MOE="--preset moe-7b --set model.n_layers=2"
-NOCKPT="--set train.activation_checkpointing=false"
-# Seen on an H100 (2026-11-27): the CUDA tests but the compile one 35 s; a moe-7b-shaped process
-# ~60 s eager (more than the 60 s the checkpointed stage had: cut); dense-1b compiled in bf16 ~100 s;
-# dense-1b compiled in fp8 did not finish in 200 s (why is this session's question: recompiles are
-# logged). So ~45 + 150 + 330 = 525 s; each stage saves after each variant, so a cut keeps what
-# finished, and the children's logs come as they go (bench/_measure.run_child, echo).
+# Seen on an H200 (2026-12-04, 565 s budget): the CUDA tests 56 s, dense-1b's two compiled
+# processes 200 s, the moe-7b-shaped compiled one ~100 s and its eager one cut at its last step by
+# the stage's 160 s (run again alone: ~90 s). A session's start and transfers took ~3 minutes.
 # The GPU, torch and the imports go to tests.log too: one file fewer to bring back.
 
 stage tests 30 bash -c 'nvidia-smi; python3 -c "
@@ -68,13 +66,17 @@ print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), torch
 print(\"F.grouped_mm:\", hasattr(F, \"grouped_mm\"), \"torch._grouped_mm:\", hasattr(torch, \"_grouped_mm\"))
 import trimtab, plotly.graph_objects; print(\"trimtab and plotly import\")
 import torchao.float8; print(\"torchao\", __import__(\"torchao\").__version__)"'
-# the compiled test too: train.compile now compiles each block on its own (distributed/wrapping.py)
+# the compiled test too: train.compile compiles each block on its own (distributed/wrapping.py)
 stage tests 100 python3 -m pytest -m gpu tests/test_gpu.py -p no:cacheprovider -q -rA
-# FP8 (goal >= 1.3x bf16 tokens/s on dense-1b): both compiled block by block, bf16 first (its cold
-# start against the whole-stack compile's 34-50 s), then fp8 with its recompiles logged
-stage dense 280 env TORCH_LOGS=recompiles $GPU --preset dense-1b --variants trimtab-compile,trimtab-fp8-compile \
-    --reps 1 --save "$OUT/dense.json"
-# MoE (issue 35's >= 40% MFU goal): without checkpointing (2 layers fit), compiled first (never
-# measured with the grouped experts traced whole), then eager
-stage moe 160 $GPU $MOE $NOCKPT --variants trimtab-compile,trimtab --reps 1 --save "$OUT/moe.json"
+# MoE (issue 35's >= 40% MFU goal) as the preset trains it, with activation checkpointing: compiled
+# (its blocks broke the graph at the checkpoint before 2026-12-04), then eager
+stage moe 200 env TORCH_LOGS=recompiles,graph_breaks $GPU $MOE --variants trimtab-compile,trimtab --reps 1 \
+    --save "$OUT/moe.json"
+# Activation checkpointing off / selective / full on dense-1b's step: selective's cost on a GPU
+# (the planner assumes 1.05x off's compute) and each mode's memory against plan/memory.py
+stage recompute 90 python3 bench/recompute.py --device cuda --presets dense-1b --reps 1 --steps 4
+# RL rollouts on the GPU (issue 35): trimtab's batched generation against transformers' on
+# dense-1b's shape in bf16, 64 prompts x 128 tokens (bench/generate.py; its CPU section apart)
+stage generate 150 python3 bench/generate.py --device cuda --dtype bf16 --preset dense-1b --batch 64 --new 128 \
+    --reps 3 --work /tmp/trimtab-generate
 echo "=== done at ${SECONDS}s"
