@@ -184,3 +184,30 @@ def test_train_compile_compiles_each_block_not_the_whole_stack(layer_records_tra
     fn = Parallel.start(cfg.distributed, CPU).wrap(model, True, None)
     assert fn == model.hidden
     assert all(block._compiled_call_impl is not None for block in model.blocks)
+
+
+def test_generation_through_compiled_blocks_stays_eager():
+    """A KV cache's forward (rollouts, samples) changes its shapes and cache position every step:
+    compiled, each block recompiled up to torch.compile's limit and fell back (41 recompiles for
+    16 tokens of debug-hybrid). Block.decode runs it eager: no graph, the same tokens."""
+    from trimtab.model import build_model
+    from trimtab.rl.rollout import generate
+
+    cfg = load_config(preset="debug-hybrid", sets=["model.vocab_size=512"])
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    prompts = [[5, 9, 12], [7, 1, 3, 44, 2, 8, 19], [100, 200]]
+    eager = generate(model, prompts, 12, 0, temperature=0, record_routing=True)
+    graphs = []
+
+    def counting(gm, inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    for block in model.blocks:
+        block.compile(backend=counting)
+    compiled = generate(model, prompts, 12, 0, temperature=0, record_routing=True)
+    assert [r.tokens for r in compiled] == [r.tokens for r in eager]
+    assert [r.logprobs for r in compiled] == [r.logprobs for r in eager]
+    assert graphs == []
