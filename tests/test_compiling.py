@@ -113,11 +113,13 @@ def _grads(model, forward, tokens) -> tuple[torch.Tensor, dict[str, torch.Tensor
 
 @pytest.fixture
 def layer_records_traced(monkeypatch):
-    """As train.compile sets it (distributed/wrapping.py), restored after."""
-    from trimtab.distributed.wrapping import trace_layer_records
+    """As train.compile sets it for debug-hybrid (distributed/wrapping.py), restored after."""
+    from trimtab.distributed.wrapping import prepare_block_compile
+    from trimtab.model import build_model
 
     monkeypatch.setattr(torch._dynamo.config, "skip_fwd_side_effects_in_bwd_under_checkpoint", False)
-    trace_layer_records()
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", torch._dynamo.config.recompile_limit)
+    prepare_block_compile(build_model(load_config(preset="debug-hybrid", sets=["model.vocab_size=512"]).model))
 
 
 @pytest.mark.parametrize("mode", ["off", "selective", "full"])
@@ -211,3 +213,38 @@ def test_generation_through_compiled_blocks_stays_eager():
     assert [r.tokens for r in compiled] == [r.tokens for r in eager]
     assert [r.logprobs for r in compiled] == [r.logprobs for r in eager]
     assert graphs == []
+
+
+def test_every_kind_of_block_stays_compiled_through_modes_evaluation_and_generation(layer_records_traced):
+    """Each kind of block holds its own compiled entries of the one Block.forward (training,
+    evaluation, each checkpointing mode): debug-hybrid's four kinds outgrew torch.compile's
+    default 8 in training and evaluation alone, and later modes ran eager. prepare_block_compile
+    sizes the limit to the kinds: a mode set last (an OOM's) still compiles, in every kind."""
+    from trimtab.model import build_model
+    from trimtab.rl.rollout import generate
+    from trimtab.training.loss import model_loss
+
+    cfg = load_config(preset="debug-hybrid", sets=["model.vocab_size=512"])
+    torch.manual_seed(0)
+    model = build_model(cfg.model).train()
+    graphs = []
+
+    def counting(gm, inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    for block in model.blocks:
+        block.compile(backend=counting)
+    tokens = torch.randint(0, 512, (2, 33))
+    for mode in ("off", "selective"):
+        model.set_activation_checkpointing(mode)
+        model_loss(model, tokens, None).backward()
+        with torch.no_grad():
+            model_loss(model.eval(), tokens, None)
+        model.train()
+    generate(model, [[1, 2, 3], [4, 5, 6, 7, 8]], 4, 0, temperature=0)
+    before = len(graphs)
+    model.set_activation_checkpointing("full")
+    model_loss(model, tokens, None).backward()
+    assert len(graphs) - before >= len(set(cfg.model.layers)), "a kind of block ran the full mode eager"

@@ -27,7 +27,7 @@ def wrap_model(
     """Parallel.wrap's callable: model.hidden, compiled and wrapped for `parallel`'s mesh, which
     keeps what it built (ddp, pipeline, experts, the loss_parallel context)."""
     if compile:
-        trace_layer_records()
+        prepare_block_compile(model)
     if parallel.mesh.pp > 1:
         from trimtab.distributed.pipeline import Pipeline
 
@@ -83,14 +83,21 @@ def wrap_model(
     return model.hidden
 
 
-def trace_layer_records() -> None:
-    """Let torch.compile trace a checkpointed block whose MoE or Mixture-of-Depths layer records
-    its auxiliary loss and statistics on itself: once, in the forward, as eager checkpointing
-    does (model/recompute.py in_recompute), not again in the backward's recompute. Without it
-    such a block breaks the graph at its checkpoint and runs eager (as it does where torch lacks
-    the switch)."""
-    if hasattr(torch._dynamo.config, "skip_fwd_side_effects_in_bwd_under_checkpoint"):
-        torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
+def prepare_block_compile(model: nn.Module) -> None:
+    """torch.compile's settings for compiling `model`'s blocks one by one (process-wide):
+    - every block's forward is one function: each kind of block (dense, MoE, MoD, both) holds its
+      own compiled entries (training, evaluation's no-grad, each checkpointing mode an OOM may set),
+      so the limit of entries per function grows with the kinds (8 by default: debug-hybrid's four
+      kinds reached it in training and evaluation alone, and its blocks fell back to eager);
+    - a checkpointed MoE or Mixture-of-Depths block records its auxiliary loss and statistics on
+      itself: once, in the forward, as eager checkpointing does (model/recompute.py in_recompute),
+      not again in the backward's recompute. Without the switch such a block breaks the graph at
+      its checkpoint and runs eager (as it does where torch lacks it)."""
+    config = torch._dynamo.config
+    kinds = len({block.kind for block in model.blocks})
+    config.recompile_limit = max(config.recompile_limit, 8 * kinds)
+    if hasattr(config, "skip_fwd_side_effects_in_bwd_under_checkpoint"):
+        config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
 
 
 class _Forward(nn.Module):
