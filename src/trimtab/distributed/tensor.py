@@ -75,8 +75,10 @@ def apply_tensor_parallel(model: nn.Module, mesh: Any) -> None:
             parallelize_module(block, mesh, _sequence_plan(block))
         else:
             parallelize_module(block, mesh, _replicated_plan(block))
-            block.register_forward_pre_hook(partial(_gather_sequence, mesh))
-            block.register_forward_hook(partial(_cut_sequence, mesh))
+            # on the router the whole block runs through, inside the block's activation checkpoint
+            # (Block.forward): the checkpoint keeps this rank's shard and gathers it again
+            block.depth.register_forward_pre_hook(partial(_gather_sequence, mesh))
+            block.depth.register_forward_hook(partial(_cut_sequence, mesh))
 
 
 def _held(module: nn.Module) -> bool:
