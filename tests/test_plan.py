@@ -154,7 +154,7 @@ def test_cli_prints_and_saves_the_plan(tmp_path, capsys):
     assert "Budget" in text and f"saved {out / 'plan.json'}" in text
     saved = json.loads((out / "plan.json").read_text())
     assert saved["optimal_tokens"] == 9_141_120 and saved["data"]["dataset_tokens"] == 10**6
-    assert saved["hardware"]["peak_flops"] == 989e12 and saved["budget"]["flops"] == pytest.approx(3600 * 989e12 * 0.28)
+    assert saved["hardware"]["peak_flops"] == 989e12 and saved["budget"]["flops"] == pytest.approx(3600 * 989e12 * 0.31)
     assert (out / "plan.txt").read_text().startswith("trimtab plan: preset debug-moe (moe)")
     assert main(["plan", "--preset", "debug", "--out", str(out), "--gpu", "nope"]) == 2
     assert "unknown GPU 'nope'" in capsys.readouterr().err
@@ -377,16 +377,16 @@ def test_set_total_steps_checks_its_input(tmp_path):
 
 
 def test_time_assumes_the_trainers_measured_mfu_for_the_model_on_gpus_and_plan_mfu_when_set():
-    """On a GPU the trainer's MFU measured on an H100 (BENCHMARKS.md): 46% for a dense model eager,
-    53% compiled, 28% for MoE, less full checkpointing's re-run (x4/3); plan.mfu when set; on a CPU
+    """On a GPU the trainer's MFU measured (BENCHMARKS.md): 46% for a dense model eager (an H100),
+    55% compiled, 31% for MoE (an H200), less full checkpointing's re-run (x4/3); plan.mfu when set; on a CPU
     the trainer's there (7% dense), 0.4 on other hardware, each said as assumed. The printed plan says which."""
     from trimtab.plan.report import format_plan
 
     cpu = dataclasses.replace(HW, kind="cpu")
     for preset, sets, hw, mfu, said in (
         ("debug", [], HW, 0.46, "the trainer's, eager dense, on an H100"),
-        ("debug", ["train.compile=true"], HW, 0.53, "compiled dense"),
-        ("debug-moe", ["train.activation_checkpointing=full"], HW, 0.28 * 3 / 4, "eager moe"),
+        ("debug", ["train.compile=true"], HW, 0.55, "compiled dense, on an H200"),
+        ("debug-moe", ["train.activation_checkpointing=full"], HW, 0.31 * 3 / 4, "eager moe, on an H200"),
         ("debug-moe", ["plan.mfu=0.5"], HW, 0.5, "plan.mfu"),
         ("debug", [], cpu, 0.07, "ASSUMED, the trainer's on a 1-thread Xeon"),
         ("debug", [], dataclasses.replace(HW, kind="mps"), 0.4, "ASSUMED"),

@@ -373,10 +373,12 @@ def suggest_micro_batch(
     return MicroBatchAdvice(tokens, rows >= 1, state, per_token, memory_bytes)
 
 
-# The trainer's MFU on an NVIDIA H100 SXM in bf16 (BENCHMARKS.md, bench/gpu.py, 2026-11-26/27):
-# dense-1b 45.8% eager and 53.2% compiled; two moe-7b layers 27.7% eager without recompute, and
-# compiled within 1% of it (RECOMPUTE counts activation checkpointing apart: plan/layout.py).
-MEASURED_MFU = {("dense", False): 0.46, ("dense", True): 0.53, ("moe", False): 0.28, ("moe", True): 0.28}
+# The trainer's MFU in bf16 (BENCHMARKS.md, bench/gpu.py; the H100 SXM and the H200 share a 989
+# TFLOP/s dense peak): dense-1b 45.8% eager on an H100 (2026-11-26) and 55.2% compiled block by block
+# on an H200 (2026-12-04); two moe-7b layers without recompute on the H200 (2026-12-04) 30.8% eager
+# and 34.0% compiled (RECOMPUTE counts activation checkpointing apart: plan/layout.py).
+MEASURED_MFU = {("dense", False): 0.46, ("dense", True): 0.55, ("moe", False): 0.31, ("moe", True): 0.34}
+MEASURED_CARD = {("dense", False): "an H100"}  # the others: an H200
 DEFAULT_MFU = 0.4  # hardware trimtab was not measured on: PaLM's 46% less a margin (Chowdhery et al. 2022)
 # The trainer's eager fp32 MFU on one thread of a Xeon CPU, 100 steps of the debug presets (2026-12-02):
 # debug 7.4%, debug-moe 5.2% of the cached matmul peak. Small matmuls, the optimizer and the data loader
@@ -412,7 +414,8 @@ def assumed_mfu(cfg: RunConfig, hw: Hardware) -> tuple[float, str]:
     compiled = cfg.train.compile == "true"
     mode = "compiled" if compiled else "eager"
     return MEASURED_MFU[kind, compiled], (
-        f"the trainer's, {mode} {kind}, on an H100 ({MEASURED_ON['cuda'][kind]}), {this}"
+        f"the trainer's, {mode} {kind}, on {MEASURED_CARD.get((kind, compiled), 'an H200')} "
+        f"({MEASURED_ON['cuda'][kind]}), {this}"
     )
 
 
