@@ -188,6 +188,21 @@ def test_train_compile_compiles_each_block_not_the_whole_stack(layer_records_tra
     assert all(block._compiled_call_impl is not None for block in model.blocks)
 
 
+def compile_counting(model) -> list:
+    """Compile `model`'s blocks with a backend that runs each graph eager and lists it: the
+    list of every graph compiled from then on."""
+    graphs = []
+
+    def counting(gm, inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    for block in model.blocks:
+        block.compile(backend=counting)
+    return graphs
+
+
 def test_generation_through_compiled_blocks_stays_eager():
     """A KV cache's forward (rollouts, samples) changes its shapes and cache position every step:
     compiled, each block recompiled up to torch.compile's limit and fell back (41 recompiles for
@@ -200,15 +215,7 @@ def test_generation_through_compiled_blocks_stays_eager():
     model = build_model(cfg.model)
     prompts = [[5, 9, 12], [7, 1, 3, 44, 2, 8, 19], [100, 200]]
     eager = generate(model, prompts, 12, 0, temperature=0, record_routing=True)
-    graphs = []
-
-    def counting(gm, inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    for block in model.blocks:
-        block.compile(backend=counting)
+    graphs = compile_counting(model)
     compiled = generate(model, prompts, 12, 0, temperature=0, record_routing=True)
     assert [r.tokens for r in compiled] == [r.tokens for r in eager]
     assert [r.logprobs for r in compiled] == [r.logprobs for r in eager]
@@ -227,15 +234,7 @@ def test_every_kind_of_block_stays_compiled_through_modes_evaluation_and_generat
     cfg = load_config(preset="debug-hybrid", sets=["model.vocab_size=512"])
     torch.manual_seed(0)
     model = build_model(cfg.model).train()
-    graphs = []
-
-    def counting(gm, inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    for block in model.blocks:
-        block.compile(backend=counting)
+    graphs = compile_counting(model)
     tokens = torch.randint(0, 512, (2, 33))
     for mode in ("off", "selective"):
         model.set_activation_checkpointing(mode)
