@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import random
 import resource
@@ -208,6 +209,8 @@ class Ratio:
         return f"not resolved to {tolerance:.0%}"
 
     def __str__(self) -> str:
+        if self.n < 2:
+            return f"{self.value:.3f}x (one pair: no interval)"
         return f"{self.value:.3f}x (95% interval {self.low:.3f}-{self.high:.3f}, {self.n} pairs)"
 
 
@@ -217,6 +220,7 @@ def paired_ratio(a: list[float], b: list[float]) -> Ratio:
 
 
 def median_ratio(ratios: list[float]) -> Ratio:
-    """Ratios already paired (e.g. by a child, block by block): their median and its interval."""
-    low, high = median_ci(ratios)
+    """Ratios already paired (e.g. by a child, block by block): their median and its interval.
+    One pair has none (0 to infinity: every claim on it is not resolved), not a zero-width one."""
+    low, high = median_ci(ratios) if len(ratios) > 1 else (0.0, math.inf)
     return Ratio(statistics.median(ratios), low, high, len(ratios))

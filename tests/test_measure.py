@@ -32,6 +32,13 @@ def test_paired_ratios_cancel_drift_that_moves_both_variants():
     assert abs(r.value - 1.25) < 1e-9 and abs(r.low - 1.25) < 1e-9 and abs(r.high - 1.25) < 1e-9
 
 
+def test_one_pair_gives_no_interval_and_resolves_no_claim():
+    """A GPU session's one repetition of each: the step spreads may resolve it, its one ratio does not."""
+    r = paired_ratio([75306.0], [64770.0])
+    assert str(r) == "1.163x (one pair: no interval)"
+    assert r.verdict(1.3).startswith("not resolved") and r.within(0.05).startswith("not resolved")
+
+
 def test_step_rate_takes_the_median_step_so_one_slow_step_moves_it_little():
     t, marks = 0.0, [(0.0, 0)]
     for i, seconds in enumerate([5.0, 1.0, 1.0, 9.0, 1.0]):  # a warm-up step, then one stall
